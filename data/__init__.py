@@ -1,0 +1,5 @@
+"""Text sources, tokenizers and the token cache; the Lightning data module lives in data.datamodule."""
+
+from .sources import DataError
+
+__all__ = ["DataError"]

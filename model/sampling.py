@@ -1,0 +1,69 @@
+"""Sampling: pure functions from last-position logits (B, vocab) to next tokens (B,)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+Generators = torch.Generator | Sequence[torch.Generator] | None
+
+
+def keep_top_k(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """Set every logit below the k-th largest of its row to -inf (ties at the k-th all stay)."""
+    k = min(k, logits.size(-1))
+    kth_largest = torch.topk(logits, k, dim=-1).values[..., -1:]
+    return logits.masked_fill(logits < kth_largest, float("-inf"))
+
+
+def keep_top_p(logits: torch.Tensor, p: float) -> torch.Tensor:
+    """Keep the smallest set of most likely tokens whose probability adds up to at least p."""
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+    sorted_probs = torch.softmax(sorted_logits.float(), dim=-1)
+    mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+    drop_sorted = mass_before >= p  # the mass before this token already reaches p
+    drop_sorted[..., 0] = False  # the most likely token always stays
+    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    return logits.masked_fill(drop, float("-inf"))
+
+
+def draw(probs: torch.Tensor, generator: Generators = None) -> torch.Tensor:
+    """One token per row from probs (B, vocab).
+
+    With a sequence of generators, row i draws with generator i alone, so a row's tokens do not
+    depend on which other rows share its batch.
+    """
+    if generator is None or isinstance(generator, torch.Generator):
+        return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    if len(generator) != probs.size(0):
+        raise ValueError(f"got {len(generator)} generators for a batch of {probs.size(0)} rows")
+    rows = [torch.multinomial(row, 1, generator=g) for row, g in zip(probs, generator)]
+    return torch.cat(rows)
+
+
+def sample(
+    logits: torch.Tensor,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: Generators = None,
+) -> torch.Tensor:
+    """Next tokens (B,) from logits (B, vocab). temperature=0 is greedy (argmax)."""
+    check_sampling(temperature, top_k, top_p)
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    logits = logits.float() / temperature
+    if top_k is not None:
+        logits = keep_top_k(logits, top_k)
+    if top_p is not None and top_p < 1.0:
+        logits = keep_top_p(logits, top_p)
+    return draw(torch.softmax(logits, dim=-1), generator)
+
+
+def check_sampling(temperature: float, top_k: int | None, top_p: float | None) -> None:
+    if temperature < 0:
+        raise ValueError(f"temperature must be 0 (greedy) or more, got {temperature}")
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"top_k must be at least 1 (or None to switch it off), got {top_k}")
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")

@@ -1,0 +1,235 @@
+"""The GPT-2 model: attention maths, initialisation, parity with transformers, the KV cache."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from model import GPT, ConfigError, GPTConfig
+from model.gpt import CausalSelfAttention
+from model.hf import from_hf_state_dict, hf_config_dict
+
+TINY = dict(n_layer=2, n_head=4, n_embd=32, block_size=16, vocab_size=50, dropout=0.0)
+
+
+def tiny_gpt(seed: int = 0, **overrides) -> GPT:
+    torch.manual_seed(seed)
+    return GPT(GPTConfig(**{**TINY, **overrides})).eval()
+
+
+# ---- the combined c_attn projection ----------------------------------------------------------------
+
+
+def test_combined_projection_equals_per_head_projections_worked_example():
+    X = torch.tensor([[1.0, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12]])
+    W_query_1 = torch.tensor([[1.0, 0], [0, 1], [1, 0], [0, 1]])
+    W_query_2 = torch.tensor([[2.0, 1], [1, 2], [2, 1], [1, 2]])
+    Q1, Q2 = X @ W_query_1, X @ W_query_2
+    assert Q1.tolist() == [[4, 6], [12, 14], [20, 22]]
+    # Q2's first column is 14, 38, 62 (row one: 1*2 + 2*1 + 3*2 + 4*1 = 14), not 10, 30, 50 as the
+    # example is sometimes quoted: those values do not follow from W_query_2.
+    assert Q2.tolist() == [[14, 16], [38, 40], [62, 64]]
+
+    # one matrix holding both heads side by side gives both heads' queries in one product
+    W_query = torch.cat([W_query_1, W_query_2], dim=1)  # (4, 2 heads * 2)
+    Q = X @ W_query
+    assert torch.equal(Q, torch.cat([Q1, Q2], dim=1))
+    # and the view into heads recovers each head's queries exactly
+    heads = Q.view(3, 2, 2).transpose(0, 1)  # (nh, T, hs)
+    assert torch.equal(heads[0], Q1) and torch.equal(heads[1], Q2)
+
+
+def test_c_attn_equals_separate_per_head_linears_on_a_real_layer():
+    config = GPTConfig(**TINY)
+    C, nh, hs = config.n_embd, config.n_head, config.head_size
+    torch.manual_seed(0)
+    separate = {name: [nn.Linear(C, hs) for _ in range(nh)] for name in ("q", "k", "v")}
+    attn = CausalSelfAttention(config)
+    with torch.no_grad():  # lay the per-head matrices side by side in c_attn: [q heads | k heads | v heads]
+        attn.c_attn.weight.copy_(torch.cat([lin.weight for name in "qkv" for lin in separate[name]], dim=0))
+        attn.c_attn.bias.copy_(torch.cat([lin.bias for name in "qkv" for lin in separate[name]], dim=0))
+
+    x = torch.randn(2, 5, C)
+    q, k, v = attn.c_attn(x).split(C, dim=2)
+    for name, combined in zip("qkv", (q, k, v)):
+        per_head = combined.view(2, 5, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
+        for h, lin in enumerate(separate[name]):
+            torch.testing.assert_close(per_head[:, h], lin(x), rtol=0, atol=1e-6)
+
+    separate_count = sum(p.numel() for lins in separate.values() for lin in lins for p in lin.parameters())
+    combined_count = sum(p.numel() for p in attn.c_attn.parameters())
+    assert separate_count == combined_count == 3 * (C * C + C)
+
+
+# ---- attention kernels and causality -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("train_mode", [False, True])
+def test_explicit_attention_equals_fused(train_mode):
+    fused = tiny_gpt(attention="sdpa")
+    explicit = tiny_gpt(attention="explicit")
+    explicit.load_state_dict(fused.state_dict())
+    fused.train(train_mode), explicit.train(train_mode)  # dropout is 0: train mode must agree too
+    idx = torch.randint(0, 50, (3, 16))
+    torch.testing.assert_close(fused(idx)[0], explicit(idx)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_explicit_path_returns_attention_weights():
+    gpt = tiny_gpt()
+    idx = torch.randint(0, 50, (2, 7))
+    maps = gpt.attention_weights(idx)
+    assert len(maps) == 2 and maps[0].shape == (2, 4, 7, 7)
+    torch.testing.assert_close(maps[0].sum(-1), torch.ones(2, 4, 7))
+    assert torch.all(maps[-1].triu(diagonal=1) == 0)  # nothing attends to the future
+
+
+def test_future_tokens_never_change_earlier_logits():
+    gpt = tiny_gpt()
+    idx = torch.randint(0, 50, (1, 12))
+    changed = idx.clone()
+    changed[0, 8:] = (changed[0, 8:] + 7) % 50
+    a, b = gpt(idx)[0], gpt(changed)[0]
+    torch.testing.assert_close(a[:, :8], b[:, :8], rtol=0, atol=0)
+    assert not torch.allclose(a[:, 8:], b[:, 8:])
+
+
+def test_loss_is_cross_entropy_and_none_without_targets():
+    gpt = tiny_gpt()
+    idx = torch.randint(0, 50, (2, 10))
+    logits, loss = gpt(idx)
+    assert logits.shape == (2, 10, 50) and loss is None
+    targets = torch.randint(0, 50, (2, 10))
+    _, loss = gpt(idx, targets)
+    expected = nn.functional.cross_entropy(logits.reshape(-1, 50), targets.reshape(-1))
+    torch.testing.assert_close(loss, expected)
+
+
+def test_longer_than_block_size_is_refused():
+    with pytest.raises(ValueError, match="block_size"):
+        tiny_gpt()(torch.zeros(1, 17, dtype=torch.long))
+
+
+# ---- initialisation and size -------------------------------------------------------------------------
+
+
+def test_gpt2_initialisation():
+    torch.manual_seed(0)
+    config = GPTConfig(n_layer=4, n_head=4, n_embd=256, block_size=64, vocab_size=2000)
+    gpt = GPT(config)
+    assert gpt.lm_head.weight is gpt.transformer.wte.weight
+    assert abs(gpt.transformer.wte.weight.std().item() - 0.02) < 0.001
+    assert abs(gpt.transformer.h[0].mlp.c_fc.weight.std().item() - 0.02) < 0.001
+    residual_std = 0.02 / math.sqrt(2 * config.n_layer)
+    for block in gpt.transformer.h:
+        assert abs(block.attn.c_proj.weight.std().item() - residual_std) < 0.0005
+        assert abs(block.mlp.c_proj.weight.std().item() - residual_std) < 0.0005
+    for name, param in gpt.named_parameters():
+        if name.endswith(".bias"):
+            assert torch.all(param == 0), name
+        if ".ln_" in name and name.endswith(".weight"):
+            assert torch.all(param == 1), name
+
+
+def test_gpt2_small_has_the_released_parameter_count():
+    gpt = GPT(GPTConfig(n_layer=12, n_head=12, n_embd=768, block_size=1024, vocab_size=50257))
+    assert gpt.num_parameters() == 124_439_808
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (dict(n_embd=30, n_head=4), "divisible"),
+        (dict(block_size=0), "block_size"),
+        (dict(dropout=1.0), "dropout"),
+        (dict(attention="flash"), "attention"),
+    ],
+)
+def test_config_checks_itself(bad, message):
+    with pytest.raises(ConfigError, match=message):
+        GPTConfig(**{**TINY, **bad})
+
+
+def test_config_from_dict_names_unknown_keys():
+    with pytest.raises(ConfigError, match="n_embed"):
+        GPTConfig.from_dict({**TINY, "n_embed": 32})
+
+
+# ---- parity with Hugging Face transformers ----------------------------------------------------------
+
+
+def test_logits_equal_transformers_gpt2():
+    transformers = pytest.importorskip("transformers")
+    config = GPTConfig(**TINY)
+    hf_config = transformers.GPT2Config(**{k: v for k, v in hf_config_dict(config).items() if k != "architectures"})
+    torch.manual_seed(0)
+    hf = transformers.GPT2LMHeadModel(hf_config).eval()
+    ours = GPT(config).eval()
+    ours.load_state_dict(from_hf_state_dict(hf.state_dict()))
+    idx = torch.randint(0, config.vocab_size, (2, config.block_size))
+    with torch.no_grad():
+        expected = hf(idx).logits
+    torch.testing.assert_close(ours(idx)[0], expected, rtol=0, atol=1e-5)
+
+
+# ---- generation with the KV cache -------------------------------------------------------------------
+
+
+def test_cached_greedy_equals_uncached_greedy_within_block_size():
+    gpt = tiny_gpt()
+    idx = torch.randint(0, 50, (3, 4))
+    cached = gpt.generate(idx, 12, temperature=0, use_cache=True)
+    uncached = gpt.generate(idx, 12, temperature=0, use_cache=False)
+    assert cached.shape == (3, 16)
+    assert torch.equal(cached[:, :4], idx)
+    assert torch.equal(cached, uncached)
+
+
+def test_generation_slides_past_block_size_and_both_paths_agree():
+    gpt = tiny_gpt()
+    idx = torch.randint(0, 50, (2, 5))
+    cached = gpt.generate(idx, 60, temperature=0, use_cache=True)  # block_size is 16
+    uncached = gpt.generate(idx, 60, temperature=0, use_cache=False)
+    assert cached.shape == (2, 65)
+    assert torch.equal(cached, uncached)
+
+
+def test_lm_head_only_sees_the_last_position_while_generating():
+    gpt = tiny_gpt()
+    seen = []
+    gpt.lm_head.register_forward_hook(lambda module, inputs, output: seen.append(tuple(inputs[0].shape)))
+    gpt.generate(torch.randint(0, 50, (2, 6)), 25, temperature=1.0)
+    assert len(seen) == 25
+    assert all(shape == (2, 32) for shape in seen)  # (B, C): one position per row, prefill included
+
+
+def test_prefill_runs_the_prompt_once_then_one_token_per_step():
+    gpt = tiny_gpt()
+    lengths = []
+    gpt.transformer.wte.register_forward_hook(lambda module, inputs, output: lengths.append(inputs[0].shape[1]))
+    gpt.generate(torch.randint(0, 50, (1, 6)), 5)
+    assert lengths == [6, 1, 1, 1, 1]
+
+
+def test_cache_is_empty_outside_generation():
+    gpt = tiny_gpt()
+    gpt.generate(torch.randint(0, 50, (1, 3)), 4)
+    assert all(block.attn.kv_cache is None for block in gpt.transformer.h)
+
+
+def test_same_generator_seed_same_tokens():
+    gpt = tiny_gpt()
+    idx = torch.randint(0, 50, (1, 3))
+    runs = [gpt.generate(idx, 10, generator=torch.Generator().manual_seed(7)) for _ in range(2)]
+    assert torch.equal(runs[0], runs[1])
+
+
+def test_generate_refuses_bad_arguments():
+    gpt = tiny_gpt()
+    idx = torch.zeros(1, 2, dtype=torch.long)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        gpt.generate(idx, 0)
+    with pytest.raises(ValueError, match="temperature"):
+        gpt.generate(idx, 3, temperature=-1)

@@ -1,0 +1,124 @@
+"""Training end to end: composed Hydra configs, real Lightning runs, checkpoints, generate.py."""
+
+from __future__ import annotations
+
+import csv
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from model import GPT
+from model.checkpoint import load_checkpoint
+from training.run import SettingError, train
+
+from .common import ROOT, TINY
+
+
+def compose_config(*overrides: str):
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        return compose("train", overrides=list(overrides))
+
+
+def run_script(*args: str, cwd: Path = ROOT, timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+def test_required_overrides_compose(small_text, tmp_path):
+    cfg = compose_config(
+        "model=nano",
+        "data=shakespeare",
+        f"data.path={small_text}",
+        "trainer.max_steps=7",
+        "trainer.val_check_interval=3",
+        "optim.lr=0.002",
+        "seed=5",
+        "logger=csv",
+    )
+    assert cfg.model.n_layer == 4 and cfg.data.path == str(small_text) and cfg.trainer.max_steps == 7
+    assert cfg.optim.lr == 0.002 and cfg.seed == 5 and list(cfg.logger) == ["csv"]
+    cfg = compose_config("data=text", f"data.path={small_text}", "logger=wandb")
+    assert cfg.data.source == "text" and list(cfg.logger) == ["wandb"]
+    assert list(compose_config().logger) == ["wandb", "csv"]  # the default: both
+    for preset, layers in [("baby", 6), ("gpt2", 12), ("gpt2-medium", 24), ("gpt2-large", 36), ("gpt2-xl", 48)]:
+        assert compose_config(f"model={preset}").model.n_layer == layers
+
+
+def test_a_composed_config_trains_and_writes_a_checkpoint_that_generates(small_text, tmp_path):
+    cfg = compose_config(*TINY, f"data.path={small_text}", "trainer.max_steps=30", "trainer.val_check_interval=10")
+    result = train(cfg, tmp_path / "run")
+
+    run = tmp_path / "run"
+    for name in ("checkpoints/last.ckpt", "checkpoints/best.ckpt", "tokenizer.json", "config.yaml", "metrics.csv"):
+        assert (run / name).is_file(), name
+    metrics = result.metrics
+    assert metrics["val/loss"] < math.log(300)  # better than uniform over the vocabulary: it learned
+    tokens_per_char = load_checkpoint(run).config  # the config travels with the weights
+    assert tokens_per_char["model"]["n_layer"] == 2
+
+    rows = list(csv.DictReader(open(run / "metrics.csv")))
+    logged = {key for row in rows for key, value in row.items() if value}
+    assert {"train/loss", "val/loss", "val/bpc", "val/perplexity", "train/lr", "train/tokens_per_sec"} <= logged
+    val_rows = [row for row in rows if row.get("val/loss")]
+    assert [int(row["step"]) for row in val_rows][-1] == 29  # validated at the last step (the 30th)
+
+    model = GPT.from_checkpoint(run)
+    assert not model.training
+    out = model.generate(torch.zeros(1, 1, dtype=torch.long), 10, temperature=0)
+    assert out.shape == (1, 11)
+
+    proc = run_script("generate.py", "--ckpt", str(run), "--prompt", "ROMEO:", "--max-new-tokens", "40", "--seed", "1")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("ROMEO:") and len(proc.stdout) > len("ROMEO:") + 10
+    again = run_script("generate.py", "--ckpt", str(run), "--prompt", "ROMEO:", "--max-new-tokens", "40", "--seed", "1")
+    assert again.stdout == proc.stdout  # same seed, same text
+    assert "tokens/s" in proc.stderr
+
+
+def test_bits_per_character_follow_from_the_loss(small_text, tmp_path):
+    cfg = compose_config(*TINY, f"data.path={small_text}")
+    result = train(cfg, tmp_path / "run")
+    from data.datamodule import TextDataModule  # the same data the run used
+
+    dm = TextDataModule(cfg.data, cfg.tokenizer, cfg.model.block_size, cfg.seed, 1)
+    expected = result.metrics["val/loss"] * dm.val_tokens_per_char / math.log(2)
+    assert result.metrics["val/bpc"] == pytest.approx(expected, rel=1e-5)
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [("trainer.max_steps=0", "max_steps"), ("optim.lr=0", "optim.lr"), ("data.batch_size=0", "batch_size")],
+)
+def test_bad_settings_are_refused_before_training(override, message, small_text, tmp_path):
+    cfg = compose_config(*TINY, f"data.path={small_text}", override)
+    with pytest.raises(SettingError, match=message):
+        train(cfg, tmp_path / "run")
+
+
+@pytest.mark.slow
+def test_train_py_command_line_end_to_end(small_text, tmp_path):
+    run = tmp_path / "outputs" / "run1"
+    latest = tmp_path / "outputs" / "latest"
+    args = [*TINY, "data=text", f"data.path={small_text}", f"hydra.run.dir={run}", f"latest_link={latest}", "logger=[wandb,csv]"]
+    proc = run_script("train.py", *args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (run / "checkpoints" / "last.ckpt").is_file() and (run / "metrics.csv").is_file()
+    assert any((run / "wandb").glob("offline-run-*")), "wandb should log offline without credentials"
+    assert latest.resolve() == run.resolve()
+
+    again = run_script("train.py", *args)  # the same folder again: refused, nothing overwritten
+    assert again.returncode != 0 and "already holds a run" in again.stderr
+    assert (run / "checkpoints" / "last.ckpt").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_train_py_reports_bad_input_in_one_line(small_text, tmp_path):
+    proc = run_script("train.py", *TINY, f"data.path={small_text}", "model.n_head=4", "model.n_embd=30", f"hydra.run.dir={tmp_path / 'r'}")
+    assert proc.returncode != 0
+    last_line = proc.stderr.strip().splitlines()[-1]
+    assert last_line.startswith("error: model.n_embd (30) must be divisible by model.n_head (4)")
+    assert "Traceback" not in proc.stderr

@@ -1,0 +1,1 @@
+"""Training with Lightning: the LightningModule, callbacks, loggers and `train(cfg, run_dir)`."""

@@ -1,0 +1,49 @@
+"""AdamW with parameter groups, and the learning-rate schedules."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+SCHEDULES = ("cosine", "linear", "constant")
+
+
+def lr_factor(step: int, warmup_steps: int, total_steps: int, min_lr_ratio: float, schedule: str = "cosine") -> float:
+    """Multiplier of the peak learning rate at an optimizer step.
+
+    Linear warmup from ~0 to 1 over warmup_steps, then `schedule` from 1 down to min_lr_ratio at
+    total_steps (and min_lr_ratio after it). total_steps <= 0 means unknown: the decay is skipped.
+    """
+    if schedule not in SCHEDULES:
+        raise ValueError(f"optim.schedule must be one of {SCHEDULES}, got {schedule!r}")
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if schedule == "constant" or total_steps <= 0:
+        return 1.0
+    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+    if schedule == "linear":
+        decay = 1.0 - progress
+    else:
+        decay = 0.5 * (1.0 + math.cos(math.pi * progress))
+    return min_lr_ratio + (1.0 - min_lr_ratio) * decay
+
+
+def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Matrices (linear weights, embeddings) decay; biases and LayerNorm gains do not."""
+    decay, no_decay = [], []
+    for _, param in model.named_parameters():  # a tied weight is listed once
+        if param.requires_grad:
+            (decay if param.dim() >= 2 else no_decay).append(param)
+    return [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+
+
+def make_adamw(model: nn.Module, lr: float, weight_decay: float, betas, eps: float = 1e-8) -> torch.optim.AdamW:
+    on_cuda = next(model.parameters()).is_cuda
+    return torch.optim.AdamW(
+        parameter_groups(model, weight_decay), lr=lr, betas=tuple(betas), eps=eps, fused=True if on_cuda else None
+    )

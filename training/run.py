@@ -1,0 +1,181 @@
+"""`train(cfg, run_dir)`: one training run from a composed config. Hydra stays in train.py."""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from omegaconf import DictConfig, OmegaConf
+
+from data.datamodule import TextDataModule, batches_for
+from model import GPTConfig
+
+from .callbacks import ProgressBar, TokensPerSecond, ValidateAtEnd
+from .loggers import build_loggers
+from .module import GPTModule
+
+log = logging.getLogger(__name__)
+
+# trainer settings that are ours, not Lightning Trainer arguments
+OWN_TRAINER_KEYS = ("precision",)
+
+
+class SettingError(ValueError):
+    """A training setting that cannot work; the message names it and says how to fix it."""
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    best_checkpoint: Path | None
+    last_checkpoint: Path | None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def check_settings(cfg: DictConfig) -> None:
+    """Settings that Lightning or torch would only reject deep inside a run, or never."""
+    max_steps = cfg.trainer.get("max_steps", -1)
+    if max_steps is None or max_steps == 0 or max_steps < -1:
+        raise SettingError(f"trainer.max_steps must be at least 1 (or -1 with trainer.max_time), got {max_steps}")
+    if max_steps == -1 and not cfg.trainer.get("max_time"):
+        raise SettingError("trainer.max_steps=-1 needs a time limit: set trainer.max_time=00:00:05:00 (dd:hh:mm:ss)")
+    if not cfg.optim.lr > 0:
+        raise SettingError(f"optim.lr must be above 0, got {cfg.optim.lr}")
+    if cfg.optim.warmup_steps < 0:
+        raise SettingError(f"optim.warmup_steps must be 0 or more, got {cfg.optim.warmup_steps}")
+    if cfg.data.batch_size < 1:
+        raise SettingError(f"data.batch_size must be at least 1, got {cfg.data.batch_size}")
+
+
+def choose_precision(requested: str | None) -> str:
+    """bf16 mixed precision on GPUs that support it, full 32-bit elsewhere; an explicit choice wins."""
+    if requested:
+        return str(requested)
+    if torch.cuda.is_available() and torch.cuda.is_bf16_supported():
+        return "bf16-mixed"
+    return "32-true"
+
+
+def model_config(cfg: DictConfig, tokenizer_vocab: int) -> GPTConfig:
+    """The model preset, with vocab_size taken from the tokenizer unless the preset fixes it."""
+    values = OmegaConf.to_container(cfg.model, resolve=True)
+    if values.get("vocab_size") is None:
+        values["vocab_size"] = tokenizer_vocab
+    elif values["vocab_size"] < tokenizer_vocab:
+        raise SettingError(
+            f"model.vocab_size={values['vocab_size']} is smaller than the tokenizer's {tokenizer_vocab} tokens; "
+            "leave model.vocab_size unset (null) to take the tokenizer's"
+        )
+    return GPTConfig.from_dict(values)
+
+
+def point_latest(link: Path, run_dir: Path) -> None:
+    """Make `link` (e.g. outputs/latest) a symlink to run_dir, replacing the old one atomically."""
+    link.parent.mkdir(parents=True, exist_ok=True)
+    tmp = link.with_name(f".{link.name}.{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(run_dir.resolve(), target_is_directory=True)
+    os.replace(tmp, link)
+
+
+def quiet_known_warnings() -> None:
+    """Silence warnings that are advice for other setups, not problems of this one."""
+    for message in (
+        r".*does not have many workers.*",  # num_workers=0 is the fast choice on a small CPU
+        r".*GPU available but not used.*",
+        r"Experiment logs directory .* exists and is not empty.*",  # the CSV log shares the run folder
+        r".*isinstance\(treespec, LeafSpec\)` is deprecated.*",  # inside Lightning, with newer torch
+    ):
+        warnings.filterwarnings("ignore", message=message)
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(drop_advertisements)
+
+
+def drop_advertisements(record: logging.LogRecord) -> bool:
+    return "litlogger" not in record.getMessage()
+
+
+def train(cfg: DictConfig, run_dir: str | os.PathLike) -> RunResult:
+    check_settings(cfg)
+    quiet_known_warnings()
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    L.seed_everything(cfg.seed, workers=True, verbose=False)
+    if torch.cuda.is_available():
+        torch.set_float32_matmul_precision("high")
+
+    trainer_cfg = OmegaConf.to_container(cfg.trainer, resolve=True)
+    precision = choose_precision(trainer_cfg.pop("precision", None))
+    accumulate = trainer_cfg.get("accumulate_grad_batches", 1)
+    datamodule = TextDataModule(
+        cfg.data, cfg.tokenizer, cfg.model.block_size, cfg.seed, batches_for(trainer_cfg["max_steps"], accumulate)
+    )
+    datamodule.prepare()
+    gpt_config = model_config(cfg, datamodule.vocab_size)
+
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    resolved["model"] = gpt_config.to_dict()
+    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(resolved))
+    (run_dir / "tokenizer.json").write_text(datamodule.tokenizer_json, encoding="utf-8")
+
+    module = GPTModule(
+        gpt_config,
+        OmegaConf.to_container(cfg.optim, resolve=True),
+        max_steps=trainer_cfg["max_steps"],
+        val_tokens_per_char=datamodule.val_tokens_per_char,
+        tokenizer_json=datamodule.tokenizer_json,
+        run_config=resolved,
+    )
+    log.info(
+        "model: %s parameters (%d layers, %d heads, %d wide, context %d, vocab %d); data: %s",
+        f"{module.model.num_parameters():,}",
+        gpt_config.n_layer,
+        gpt_config.n_head,
+        gpt_config.n_embd,
+        gpt_config.block_size,
+        gpt_config.vocab_size,
+        datamodule.source,
+    )
+
+    logger_cfg = cfg.get("logger")  # None with logger=none
+    loggers = build_loggers(OmegaConf.to_container(logger_cfg, resolve=True) if logger_cfg else {}, run_dir)
+    for logger in loggers:
+        logger.log_hyperparams(resolved)
+    checkpoints = ModelCheckpoint(
+        dirpath=run_dir / "checkpoints",
+        filename="best",
+        monitor="val/loss",
+        mode="min",
+        save_top_k=1,
+        save_last=True,
+        auto_insert_metric_name=False,
+        enable_version_counter=False,
+    )
+    trainer = L.Trainer(
+        **trainer_cfg,
+        precision=precision,
+        logger=loggers or False,
+        callbacks=[checkpoints, TokensPerSecond(), ValidateAtEnd(), *([ProgressBar()] if trainer_cfg.get("enable_progress_bar", True) else [])],
+        default_root_dir=str(run_dir),
+    )
+    trainer.fit(module, datamodule=datamodule)
+
+    last = run_dir / "checkpoints" / "last.ckpt"
+    metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if torch.is_tensor(v) and v.numel() == 1}
+    return RunResult(
+        run_dir=run_dir,
+        best_checkpoint=Path(checkpoints.best_model_path) if checkpoints.best_model_path else None,
+        last_checkpoint=last if last.is_file() else None,
+        metrics=metrics,
+    )
+
+
+def describe_metrics(metrics: dict[str, Any]) -> str:
+    keys = ("val/loss", "val/bpc", "train/loss")
+    return ", ".join(f"{k} {metrics[k]:.4f}" for k in keys if k in metrics)
