@@ -54,12 +54,16 @@ class ContiguousWindows(Dataset):
 class TextDataModule(L.LightningDataModule):
     """Prepares a corpus once (tokenizer + token ids in the cache) and serves windows from it.
 
-    `prepare()` may be called before the model exists: the model needs `vocab_size`.
+    `prepare()` may be called before the model exists: the model needs `vocab_size`. A ready
+    `tokenizer` (e.g. the one of a checkpoint being fine-tuned) is used as it is, instead of one
+    built from `tokenizer_cfg`.
     """
 
-    def __init__(self, data_cfg, tokenizer_cfg, block_size: int, seed: int, num_batches: int):
+    def __init__(
+        self, data_cfg, tokenizer_cfg, block_size: int, seed: int, num_batches: int, tokenizer: Tokenizer | None = None
+    ):
         super().__init__()
-        self.data_cfg, self.tokenizer_cfg = data_cfg, tokenizer_cfg
+        self.data_cfg, self.tokenizer_cfg, self.given_tokenizer = data_cfg, tokenizer_cfg, tokenizer
         self.block_size, self.seed, self.num_batches = block_size, seed, num_batches
         self.batch_size = data_cfg.batch_size
         self.cache: TokenCache | None = None
@@ -74,11 +78,15 @@ class TextDataModule(L.LightningDataModule):
         splits = load_splits(self.data_cfg)
         self.source = splits.source
         texts = {"train": splits.train, "val": splits.val}
-        key = fingerprint(texts, {"tokenizer": dict(self.tokenizer_cfg)})
+        if self.given_tokenizer is not None:
+            settings = {"tokenizer": {"given": self.given_tokenizer.to_str()}}
+        else:
+            settings = {"tokenizer": dict(self.tokenizer_cfg)}
+        key = fingerprint(texts, settings)
         cache = find_cache(self.data_cfg.cache_dir, key)
         if cache is None:
             log.info("tokenizing %s (%d characters); later runs reuse the result", splits.source, sum(map(len, splits.train)) + splits.val_chars)
-            tokenizer = build_tokenizer(self.tokenizer_cfg, splits.train)
+            tokenizer = self.given_tokenizer or build_tokenizer(self.tokenizer_cfg, splits.train)
             cache = build_cache(self.data_cfg.cache_dir, key, tokenizer, texts, eot_id(tokenizer))
         else:
             log.info("using cached tokens of %s from %s", splits.source, cache.folder)

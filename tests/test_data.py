@@ -159,3 +159,36 @@ def test_validation_windows_cover_the_split_once():
 def test_validation_split_shorter_than_a_window_is_refused(tmp_path, small_text):
     with pytest.raises(DataError, match="val split has .* fewer than block_size"):
         make_datamodule(tmp_path, small_text, block_size=20_000).prepare()
+
+
+def test_shakespeare_is_downloaded_once_then_read_from_the_cache(tmp_path, small_text):
+    """The download path, against a real HTTP server on this machine."""
+    import functools
+    import http.server
+    import threading
+
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(small_text.parent))
+    handler.log_message = lambda *args: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/{small_text.name}"
+        cfg = data_cfg(tmp_path, source="shakespeare", url=url)
+        downloaded = load_splits(cfg)
+    finally:
+        server.shutdown()
+    assert downloaded.source == url
+    cached = tmp_path / "cache" / "sources" / "tinyshakespeare" / "input.txt"
+    assert cached.read_text() == small_text.read_text()
+    again = load_splits(cfg)  # the server is gone: the cache must serve
+    assert again.source == str(cached) and again.train == downloaded.train
+
+
+def test_a_given_tokenizer_is_used_as_it_is(tmp_path, small_text, monkeypatch):
+    given = train_bpe(["a completely different corpus, " * 50], vocab_size=280)
+    calls = []
+    monkeypatch.setattr(datamodule_module, "build_tokenizer", lambda *a: calls.append(a))
+    dm = TextDataModule(
+        data_cfg(tmp_path, path=str(small_text)), OmegaConf.create({"kind": "bpe", "vocab_size": 300}), 32, 0, 1, tokenizer=given
+    )
+    assert dm.vocab_size == 280 and dm.tokenizer_json == given.to_str() and calls == []
