@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import lightning as L
 import numpy as np
@@ -37,18 +38,22 @@ class RandomWindows(Dataset):
 
 
 class StepSampler(Sampler[int]):
-    """Batch indices for one process: its k-th micro-batch is batch k * world_size + rank, from
-    k = start. Together the processes draw batches 0, 1, 2, ... exactly once, in the order a single
-    process would, so a run's data does not depend on how many devices share it."""
+    """Batch indices for one process: its k-th micro-batch is batch k * world_size + rank.
 
-    def __init__(self, num_batches: int, rank: int = 0, world_size: int = 1, start: int = 0):
+    Together the processes draw batches 0, 1, 2, ... exactly once, in the order a single process
+    would, so a run's data does not depend on how many devices share it. Iteration starts at
+    k = start(), read when iteration begins, so a resumed run goes on with the first batch it has
+    not trained on. The length stays the whole run's: Lightning counts the batches it restored.
+    """
+
+    def __init__(self, num_batches: int, rank: int = 0, world_size: int = 1, start: Callable[[], int] = lambda: 0):
         self.num_batches, self.rank, self.world_size, self.start = num_batches, rank, world_size, start
 
     def __iter__(self):
-        return (k * self.world_size + self.rank for k in range(self.start, self.num_batches))
+        return (k * self.world_size + self.rank for k in range(self.start(), self.num_batches))
 
     def __len__(self) -> int:
-        return max(0, self.num_batches - self.start)
+        return self.num_batches
 
 
 class ContiguousWindows(Dataset):
@@ -154,8 +159,12 @@ class TextDataModule(L.LightningDataModule):
             return self.loader(windows, batch_size=None)
         accumulate = trainer.accumulate_grad_batches
         per_process = batches_for(trainer.max_steps, accumulate)
-        start = trainer.global_step * accumulate  # batches each process already drew (resuming)
-        sampler = StepSampler(per_process, trainer.global_rank, trainer.world_size, start)
+        sampler = StepSampler(
+            per_process,
+            trainer.global_rank,
+            trainer.world_size,
+            start=lambda: trainer.global_step * trainer.accumulate_grad_batches,  # batches already trained on
+        )
         return self.loader(windows, batch_size=None, sampler=sampler)
 
     def val_dataloader(self) -> DataLoader:
@@ -173,6 +182,8 @@ class TextDataModule(L.LightningDataModule):
             batch_size=batch_size,
             sampler=sampler,
             shuffle=False,
+            generator=torch.Generator(),  # creating an iterator draws a seed: not from the global RNG
+
             num_workers=workers,
             pin_memory=torch.cuda.is_available(),
             persistent_workers=workers > 0,

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import csv
 import netrc
 import os
+import secrets
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
+from lightning.pytorch.loggers.csv_logs import ExperimentWriter
+from lightning.pytorch.loggers.logger import rank_zero_experiment
 
 WANDB_MODES = ("auto", "online", "offline", "disabled")
 
@@ -36,12 +40,24 @@ def wandb_mode(requested: str) -> str:
     return "online" if wandb_credentials_present() else "offline"
 
 
+def wandb_run_id(run_dir: Path) -> str:
+    """The run's wandb id, made once and kept in the run folder, so a resumed run logs to the same
+    wandb run."""
+    id_file = run_dir / ".wandb_id"
+    if id_file.is_file():
+        return id_file.read_text().strip()
+    run_id = secrets.token_hex(4)  # wandb ids: short, lowercase, unique within a project
+    id_file.write_text(run_id)
+    return run_id
+
+
 def make_wandb(cfg: dict[str, Any], run_dir: Path) -> Logger:
     from lightning.pytorch.loggers import WandbLogger
 
     mode = wandb_mode(cfg.get("mode", "auto"))
     logger = WandbLogger(
         save_dir=str(run_dir),
+        id=wandb_run_id(run_dir),
         project=cfg.get("project", "tinygpt2"),
         name=cfg.get("name") or run_dir.name,
         group=cfg.get("group"),
@@ -54,17 +70,64 @@ def make_wandb(cfg: dict[str, Any], run_dir: Path) -> Logger:
     return logger
 
 
-def build_loggers(logger_cfg: dict[str, Any] | None, run_dir: Path) -> list[Logger]:
-    """One Lightning logger per key of the `logger` group (wandb, tensorboard, csv); none for logger=none."""
+class ContinuingExperimentWriter(ExperimentWriter):
+    """Lightning's CSV writer, except that an existing metrics.csv is continued, not deleted: rows
+    logged at or after `resume_step` (after the checkpoint being resumed) are dropped, the rest kept."""
+
+    def __init__(self, log_dir: str, resume_step: int):
+        self.resume_step = resume_step
+        super().__init__(log_dir)
+
+    def _check_log_dir_exists(self) -> None:
+        path = Path(self.metrics_file_path)
+        if not path.is_file():
+            return
+        with open(path, newline="") as file:
+            reader = csv.DictReader(file)
+            header = list(reader.fieldnames or [])
+            rows = [row for row in reader if int(float(row.get("step") or 0)) < self.resume_step]
+        with open(path, "w", newline="") as file:
+            writer = csv.DictWriter(file, fieldnames=header)
+            writer.writeheader()
+            writer.writerows(rows)
+        self.metrics_keys = header
+
+
+class ContinuingCSVLogger(CSVLogger):
+    def __init__(self, save_dir: str, resume_step: int):
+        super().__init__(save_dir=save_dir, name="", version="")
+        self.resume_step = resume_step
+
+    @property
+    @rank_zero_experiment
+    def experiment(self) -> ExperimentWriter:
+        if self._experiment is None:
+            self._fs.makedirs(self.root_dir, exist_ok=True)
+            self._experiment = ContinuingExperimentWriter(self.log_dir, self.resume_step)
+        return self._experiment
+
+
+def build_loggers(logger_cfg: dict[str, Any] | None, run_dir: Path, resume_step: int | None = None) -> list[Logger]:
+    """One Lightning logger per key of the `logger` group (wandb, tensorboard, csv); none for logger=none.
+
+    resume_step: the step of the checkpoint a resumed run starts from; the CSV and TensorBoard logs
+    continue from there (what was logged after it is dropped), and wandb continues the same run.
+    """
     loggers: list[Logger] = []
     for name, cfg in (logger_cfg or {}).items():
         cfg = cfg or {}
         if name == "csv":
-            loggers.append(CSVLogger(save_dir=str(run_dir), name="", version=""))
+            if resume_step is None:
+                loggers.append(CSVLogger(save_dir=str(run_dir), name="", version=""))
+            else:
+                loggers.append(ContinuingCSVLogger(str(run_dir), resume_step))
         elif name == "wandb":
             loggers.append(make_wandb(cfg, run_dir))
         elif name == "tensorboard":
-            loggers.append(TensorBoardLogger(save_dir=str(run_dir), name="tensorboard", version="", default_hp_metric=False))
+            purge = {} if resume_step is None else {"purge_step": resume_step}
+            loggers.append(
+                TensorBoardLogger(save_dir=str(run_dir), name="tensorboard", version="", default_hp_metric=False, **purge)
+            )
         else:
             raise ValueError(f"unknown logger {name!r}; use wandb, tensorboard, csv or none")
     return loggers

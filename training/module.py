@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import logging
 import math
+import random
 from typing import Any
 
 import lightning as L
+import numpy as np
 import torch
 
 from model import GPT, GPTConfig
 from model.checkpoint import META_KEY
 
+from . import failpoints
 from .optim import lr_factor, make_adamw
+
+log = logging.getLogger(__name__)
 
 
 class GPTModule(L.LightningModule):
@@ -33,6 +39,9 @@ class GPTModule(L.LightningModule):
         super().__init__()
         self.model = GPT(model_config)
         self.optim = dict(optim)
+        self.max_nonfinite_in_a_row = int(self.optim.get("max_nonfinite_in_a_row", 10))
+        self.nonfinite_in_a_row = 0
+        self.skipped_steps = 0
         self.max_steps = max_steps
         self.val_tokens_per_char = val_tokens_per_char
         self.tokenizer_json = tokenizer_json
@@ -45,6 +54,8 @@ class GPTModule(L.LightningModule):
     def training_step(self, batch, batch_idx):
         inputs, targets = batch
         _, loss = self.model(inputs, targets)
+        if failpoints.active("nan", self.trainer.global_step + 1):
+            loss = loss * float("nan")
         self.log("train/loss", loss, prog_bar=True)
         return loss
 
@@ -82,13 +93,40 @@ class GPTModule(L.LightningModule):
         self.log("train/lr", optimizer.param_groups[0]["lr"])
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
-        """Clip by global norm and log the norm before clipping (one norm computation for both)."""
+        """Clip by global norm and log the norm before clipping (one norm computation for both).
+
+        A non-finite norm (a NaN or inf loss, or an overflow) drops the step's gradients, so AdamW
+        leaves the weights and its moments as they were. Gradients are averaged across processes
+        before this point, so every process makes the same decision.
+        """
         if gradient_clip_algorithm not in (None, "norm") or self.trainer.strategy.__class__.__name__.startswith("FSDP"):
             # value clipping, and FSDP's sharded norm, are Lightning's own
             return super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
-        max_norm = gradient_clip_val if gradient_clip_val else float("inf")
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        norm = torch.nn.utils.get_total_norm(grads)
+        if not torch.isfinite(norm):
+            self.skip_step(optimizer)
+            return
+        self.nonfinite_in_a_row = 0
+        if gradient_clip_val:
+            torch.nn.utils.clip_grads_with_norm_(self.model.parameters(), gradient_clip_val, norm)
         self.log("train/grad_norm", norm)
+
+    def skip_step(self, optimizer) -> None:
+        for group in optimizer.param_groups:
+            for param in group["params"]:
+                param.grad = None  # AdamW skips parameters without a gradient
+        self.skipped_steps += 1
+        self.nonfinite_in_a_row += 1
+        step = self.trainer.global_step + 1
+        log.warning("step %d: the loss or its gradient is not finite; this update is skipped", step)
+        self.log("train/skipped_steps", float(self.skipped_steps))
+        if self.nonfinite_in_a_row >= self.max_nonfinite_in_a_row:
+            raise TrainingDiverged(
+                f"training diverged: {self.nonfinite_in_a_row} steps in a row (up to step {step}) had a non-finite "
+                f"loss; the checkpoints written so far hold the last good weights. Lower optim.lr, or raise "
+                f"optim.max_nonfinite_in_a_row to wait longer"
+            )
 
     # ---- checkpoints -----------------------------------------------------------------------------
 
@@ -98,3 +136,40 @@ class GPTModule(L.LightningModule):
             "tokenizer": self.tokenizer_json,
             "config": self.run_config,
         }
+        checkpoint["rng_states"] = rng_states()
+        checkpoint["nonfinite"] = {"skipped": self.skipped_steps, "in_a_row": self.nonfinite_in_a_row}
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if "rng_states" in checkpoint:
+            set_rng_states(checkpoint["rng_states"])
+        counts = checkpoint.get("nonfinite", {})
+        self.skipped_steps, self.nonfinite_in_a_row = counts.get("skipped", 0), counts.get("in_a_row", 0)
+
+
+class TrainingDiverged(RuntimeError):
+    """Too many non-finite losses in a row; the message says what to change."""
+
+
+def rng_states() -> dict[str, Any]:
+    """Every random generator a training step may draw from: dropout (torch), and Python's and
+    NumPy's global ones for good measure. Python's state is stored as plain lists (weights-only loading)."""
+    version, internal, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    state = {
+        "torch": torch.get_rng_state(),
+        "python": [version, list(internal), gauss],
+        "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached],
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_states(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

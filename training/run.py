@@ -19,6 +19,9 @@ from omegaconf import DictConfig, OmegaConf
 from data.datamodule import TextDataModule, batches_for
 from model import GPTConfig
 
+from model.checkpoint import CheckpointError
+
+from .checkpointing import AtomicCheckpointIO, GracefulStop, PeriodicCheckpoints, resume_checkpoint
 from .callbacks import LossCurve, ProgressBar, TextSamples, Throughput, ValidateAtEnd
 from .loggers import build_loggers, finish_loggers
 from .module import GPTModule
@@ -39,21 +42,43 @@ class RunResult:
     best_checkpoint: Path | None
     last_checkpoint: Path | None
     metrics: dict[str, float] = field(default_factory=dict)
+    step: int = 0
+    finished: bool = True  # False when a signal stopped the run early
+    stopped_by: str | None = None
+
+
+def setting(cfg: DictConfig, key: str, kind: type, minimum: float | None = None, allow_none: bool = False):
+    """The value of a numeric setting, checked: of the right kind and not below minimum."""
+    value = OmegaConf.select(cfg, key)
+    if value is None and allow_none:
+        return None
+    wanted = "a whole number" if kind is int else "a number"
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not float(value).is_integer()):
+        raise SettingError(f"{key} must be {wanted}, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise SettingError(f"{key} must be at least {minimum}, got {value}")
+    return kind(value)
 
 
 def check_settings(cfg: DictConfig) -> None:
     """Settings that Lightning or torch would only reject deep inside a run, or never."""
-    max_steps = cfg.trainer.get("max_steps", -1)
-    if max_steps is None or max_steps == 0 or max_steps < -1:
+    max_steps = setting(cfg, "trainer.max_steps", int)
+    if max_steps == 0 or max_steps < -1:
         raise SettingError(f"trainer.max_steps must be at least 1 (or -1 with trainer.max_time), got {max_steps}")
     if max_steps == -1 and not cfg.trainer.get("max_time"):
         raise SettingError("trainer.max_steps=-1 needs a time limit: set trainer.max_time=00:00:05:00 (dd:hh:mm:ss)")
-    if not cfg.optim.lr > 0:
-        raise SettingError(f"optim.lr must be above 0, got {cfg.optim.lr}")
-    if cfg.optim.warmup_steps < 0:
-        raise SettingError(f"optim.warmup_steps must be 0 or more, got {cfg.optim.warmup_steps}")
-    if cfg.data.batch_size < 1:
-        raise SettingError(f"data.batch_size must be at least 1, got {cfg.data.batch_size}")
+    lr = setting(cfg, "optim.lr", float)
+    if not lr > 0:
+        raise SettingError(f"optim.lr must be above 0, got {lr}")
+    setting(cfg, "optim.weight_decay", float, 0)
+    setting(cfg, "optim.warmup_steps", int, 0)
+    setting(cfg, "optim.min_lr_ratio", float, 0)
+    setting(cfg, "data.batch_size", int, 1)
+    setting(cfg, "seed", int)
+    setting(cfg, "tokens_per_step", int, 1, allow_none=True)
+    setting(cfg, "checkpoint.every_n_steps", int, 1)
+    setting(cfg, "checkpoint.keep", int, 1)
+    setting(cfg, "trainer.val_check_interval", float, 0, allow_none=True)
 
 
 def choose_precision(requested: str | None) -> str:
@@ -167,23 +192,29 @@ def train(cfg: DictConfig, run_dir: str | os.PathLike) -> RunResult:
     if cfg.get("compile"):
         module.model.compile()  # compiles in place: the state dict keeps its plain names
 
+    resume_from = resume_point(cfg, run_dir)
+    resume_step = checkpoint_step(resume_from) if resume_from else None
     logger_cfg = cfg.get("logger")  # None with logger=none
-    loggers = build_loggers(OmegaConf.to_container(logger_cfg, resolve=True) if logger_cfg else {}, run_dir)
+    loggers = build_loggers(OmegaConf.to_container(logger_cfg, resolve=True) if logger_cfg else {}, run_dir, resume_step)
     for logger in loggers:
         logger.log_hyperparams(resolved)
-    checkpoints = ModelCheckpoint(
+    best = ModelCheckpoint(
         dirpath=run_dir / "checkpoints",
         filename="best",
         monitor="val/loss",
         mode="min",
         save_top_k=1,
-        save_last=True,
         auto_insert_metric_name=False,
         enable_version_counter=False,
     )
+    checkpoint_cfg = cfg.get("checkpoint") or {}
+    periodic = PeriodicCheckpoints(run_dir / "checkpoints", checkpoint_cfg.get("every_n_steps", 250), checkpoint_cfg.get("keep", 2))
+    graceful = GracefulStop(periodic)
     micro_batch_tokens = cfg.data.batch_size * cfg.model.block_size
     callbacks = [
-        checkpoints,
+        best,
+        periodic,
+        graceful,
         Throughput(micro_batch_tokens),
         LossCurve(run_dir, micro_batch_tokens),
         ValidateAtEnd(),
@@ -202,6 +233,8 @@ def train(cfg: DictConfig, run_dir: str | os.PathLike) -> RunResult:
             logger=loggers or False,
             callbacks=callbacks,
             use_distributed_sampler=False,  # the data module shards batches itself, see StepSampler
+            plugins=[AtomicCheckpointIO()],
+            enable_checkpointing=True,
             default_root_dir=str(run_dir),
         )
     except (MisconfigurationException, ValueError, TypeError) as err:  # Lightning's own checks of trainer.*
@@ -223,8 +256,10 @@ def train(cfg: DictConfig, run_dir: str | os.PathLike) -> RunResult:
         trainer.world_size,
         trainer.accumulate_grad_batches,
     )
+    if resume_from:
+        log.info("resuming %s from %s (step %d)", run_dir, resume_from, resume_step)
     try:
-        trainer.fit(module, datamodule=datamodule)
+        trainer.fit(module, datamodule=datamodule, ckpt_path=str(resume_from) if resume_from else None, weights_only=True)
     finally:
         finish_loggers(loggers)
 
@@ -232,10 +267,36 @@ def train(cfg: DictConfig, run_dir: str | os.PathLike) -> RunResult:
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if torch.is_tensor(v) and v.numel() == 1}
     return RunResult(
         run_dir=run_dir,
-        best_checkpoint=Path(checkpoints.best_model_path) if checkpoints.best_model_path else None,
+        best_checkpoint=Path(best.best_model_path) if best.best_model_path else None,
         last_checkpoint=last if last.is_file() else None,
         metrics=metrics,
+        step=trainer.global_step,
+        finished=graceful.stopped_at is None,
+        stopped_by=graceful.requested if graceful.stopped_at is not None else None,
     )
+
+
+def resume_point(cfg: DictConfig, run_dir: Path) -> Path | None:
+    """The checkpoint a `resume=` run continues from; None for a new run (or resume=auto with no
+    unfinished run to continue)."""
+    resume = cfg.get("resume")
+    if not resume:
+        return None
+    if resume != "auto" and Path(resume).expanduser().is_file():
+        return Path(resume).expanduser()
+    if resume == "auto" and not any((run_dir / "checkpoints").glob("*.ckpt")):
+        return None
+    return resume_checkpoint(run_dir)
+
+
+def checkpoint_step(path: Path) -> int:
+    """The global step a checkpoint was saved at, read without loading its tensors into memory."""
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as err:
+        raise CheckpointError(f"cannot resume from {path}: it is truncated or corrupted ({str(err).splitlines()[0]}); "
+                              f"pass an earlier checkpoint of the run, e.g. resume=<run>/checkpoints/step-NNNNNN.ckpt") from None
+    return int(ckpt.get("global_step", 0))
 
 
 def describe_metrics(metrics: dict[str, Any]) -> str:

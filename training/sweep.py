@@ -21,8 +21,11 @@ RESULT_FILE = "result.json"
 METRICS = ("val/loss", "val/bpc", "val/perplexity", "train/loss")
 
 
-def write_result(run_dir: Path, overrides: list[str], config: dict[str, Any], metrics: dict[str, float]) -> None:
-    result = {"run_dir": str(run_dir), "overrides": overrides, "metrics": metrics, "config": config}
+def write_result(
+    run_dir: Path, overrides: list[str], config: dict[str, Any], metrics: dict[str, float], finished: bool = True
+) -> None:
+    """result.json: what the run was asked, what it reached, and whether it ran to its end."""
+    result = {"run_dir": str(run_dir), "finished": finished, "overrides": overrides, "metrics": metrics, "config": config}
     (Path(run_dir) / RESULT_FILE).write_text(json.dumps(result, indent=2))
 
 

@@ -1,0 +1,243 @@
+"""Checkpoints that survive anything: atomic writes, periodic saves with pruning, a clean stop on
+SIGINT/SIGTERM, and finding the checkpoint to resume from.
+
+A run folder holds `checkpoints/step-000500.ckpt` (every `checkpoint.every_n_steps`, the newest
+`checkpoint.keep` kept), `checkpoints/last.ckpt` (a link to the newest of those) and
+`checkpoints/best.ckpt` (lowest validation loss).
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import json
+import logging
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.fabric.plugins import TorchCheckpointIO
+
+from model.checkpoint import CheckpointError
+
+from . import failpoints
+
+log = logging.getLogger(__name__)
+
+STEP_PATTERN = "step-*.ckpt"
+RESULT_FILE = "result.json"
+
+
+class CheckpointSaveError(RuntimeError):
+    """A checkpoint could not be written; the message says what is intact and what to do."""
+
+
+def fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Writes each checkpoint beside its target and renames it into place once it is complete and
+    on disk, so a kill or a full disk mid-write leaves the previous file whole."""
+
+    def __init__(self):
+        super().__init__()
+        self.failed_steps: set[int] = set()
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options=None) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        step = int(checkpoint.get("global_step", 0))
+        try:
+            buffer = io.BytesIO()
+            torch.save(checkpoint, buffer)
+            data = buffer.getbuffer()
+            with open(tmp, "wb") as out:
+                if step not in self.failed_steps and failpoints.active("enospc", step):
+                    self.failed_steps.add(step)
+                    raise failpoints.disk_full(tmp)
+                if step not in self.failed_steps and failpoints.active("kill_save", step):
+                    out.write(data[: len(data) // 2])
+                    out.flush()
+                    failpoints.kill_now()
+                out.write(data)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(tmp, path)
+            fsync_dir(path.parent)
+        except OSError as err:
+            tmp.unlink(missing_ok=True)
+            if err.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise CheckpointSaveError(
+                    f"no space left on the device while saving {path}; nothing was overwritten, the earlier "
+                    f"checkpoints in {path.parent} are intact. Free some space, then continue with "
+                    f"`python train.py resume={path.parent.parent}`"
+                ) from None
+            raise
+
+
+class PeriodicCheckpoints(L.Callback):
+    """Saves `step-NNNNNN.ckpt` every `every_n_steps` optimizer steps and at the end, points
+    `last.ckpt` at the newest, and deletes all but the newest `keep`."""
+
+    def __init__(self, folder: Path, every_n_steps: int, keep: int):
+        self.folder, self.every_n_steps, self.keep = Path(folder), every_n_steps, keep
+        self.saved_step = -1
+
+    def save(self, trainer: L.Trainer) -> Path:
+        """Checkpoint the current state (every process must call this; rank 0 writes)."""
+        path = self.folder / f"step-{trainer.global_step:06d}.ckpt"
+        if self.saved_step == trainer.global_step:
+            return path
+        trainer.save_checkpoint(path, weights_only=False)  # the whole state: weights, optimizer, loops
+        self.saved_step = trainer.global_step
+        if trainer.is_global_zero:
+            link_last(self.folder, path.name)
+            self.prune()
+        return path
+
+    def prune(self) -> None:
+        steps = sorted(self.folder.glob(STEP_PATTERN))
+        for old in steps[: max(0, len(steps) - self.keep)]:
+            old.unlink(missing_ok=True)
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        if trainer.is_global_zero:  # files of a write that was cut short; never mistaken for checkpoints
+            for stale in self.folder.glob(".*.tmp"):
+                stale.unlink(missing_ok=True)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        step = trainer.global_step
+        if failpoints.active("kill", step) and step != self.saved_step:
+            failpoints.kill_now()
+        if step > 0 and step % self.every_n_steps == 0 and step != self.saved_step:
+            self.save(trainer)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self.save(trainer)  # the final state, whatever the step
+
+
+def link_last(folder: Path, target: str) -> None:
+    """Point folder/last.ckpt at target (a file name in folder), replacing the link atomically."""
+    tmp = folder / f".last.ckpt.{os.getpid()}"
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(target)
+    os.replace(tmp, folder / "last.ckpt")
+
+
+class GracefulStop(L.Callback):
+    """On SIGINT or SIGTERM: finish the optimizer step under way, checkpoint, and stop.
+
+    A second SIGINT while stopping interrupts at once (the checkpoint is already written).
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self, checkpoints: PeriodicCheckpoints):
+        self.checkpoints = checkpoints
+        self.requested: str | None = None
+        self.stopped_at: int | None = None
+        self.saved: Path | None = None
+        self.previous: dict[int, Any] = {}
+        self.last_step = 0
+
+    def handle(self, signum, frame) -> None:
+        if self.requested == "SIGINT" and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # asked twice: stop now
+        self.requested = signal.Signals(signum).name
+        log.warning("%s received: finishing this step, then saving a checkpoint and stopping", self.requested)
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.last_step = trainer.global_step
+        for sig in self.SIGNALS:  # after Lightning's own SIGTERM handler, which would stop mid-epoch
+            self.previous[sig] = signal.signal(sig, self.handle)
+
+    def restore(self) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+        self.previous.clear()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step == self.last_step:
+            return  # accumulating: the optimizer step is not finished yet
+        self.last_step = trainer.global_step
+        requested = self.requested is not None
+        if trainer.world_size > 1:
+            requested = trainer.strategy.reduce_boolean_decision(requested, all=False)
+        if requested and self.stopped_at is None:
+            self.saved = self.checkpoints.save(trainer)
+            self.stopped_at = trainer.global_step
+            trainer.should_stop = True
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self.restore()
+
+    def on_exception(self, trainer, pl_module, exception) -> None:
+        self.restore()
+
+
+# ---- resuming ----------------------------------------------------------------------------------------
+
+
+def run_folder_of(path: str | os.PathLike) -> Path:
+    """The run folder a resume= path names: the folder itself, or the run of a checkpoint in it."""
+    path = Path(path).expanduser()
+    if path.is_dir():
+        return path
+    if path.is_file() and path.parent.name == "checkpoints":
+        return path.parent.parent
+    if path.is_file():
+        raise CheckpointError(f"resume={path}: a checkpoint outside a run folder cannot be resumed; use init_from={path}")
+    raise CheckpointError(f"resume={path} does not exist; give a run folder, a checkpoint in one, or resume=auto")
+
+
+def resume_checkpoint(path: str | os.PathLike) -> Path:
+    """The checkpoint to resume from: the file given, else the run's last.ckpt, else its newest step file."""
+    path = Path(path).expanduser()
+    if path.is_file():
+        return path
+    folder = path / "checkpoints"
+    candidates = [folder / "last.ckpt", *sorted(folder.glob(STEP_PATTERN), reverse=True)]
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate.resolve()
+    raise CheckpointError(f"{path} has no checkpoint to resume from (checkpoints/last.ckpt or step-*.ckpt)")
+
+
+def is_finished(run_dir: Path) -> bool:
+    try:
+        return bool(json.loads((run_dir / RESULT_FILE).read_text()).get("finished"))
+    except (OSError, ValueError):
+        return False
+
+
+def comparable(config: dict[str, Any]) -> dict[str, Any]:
+    """A run's config without the settings that may change when the same run continues."""
+    return {k: v for k, v in config.items() if k not in ("resume", "latest_link", "hydra")}
+
+
+def find_resumable(runs_root: Path, config: dict[str, Any]) -> Path | None:
+    """The newest run under runs_root that is unfinished, has a checkpoint, and has this config."""
+    from omegaconf import OmegaConf
+
+    wanted = comparable(config)
+    candidates = []
+    for saved in Path(runs_root).glob("**/.hydra/config.yaml"):
+        run_dir = saved.parent.parent
+        if is_finished(run_dir) or not any((run_dir / "checkpoints").glob("*.ckpt")):
+            continue
+        try:
+            theirs = OmegaConf.to_container(OmegaConf.load(saved), resolve=True)
+        except Exception:  # an unreadable or foreign config is simply not a match
+            continue
+        if comparable(theirs) == wanted:
+            candidates.append((saved.stat().st_mtime, run_dir))
+    return max(candidates)[1] if candidates else None

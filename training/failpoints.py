@@ -1,0 +1,42 @@
+"""Fault injection for the reliability tests; inert unless TINYGPT2_FAILPOINT is set.
+
+TINYGPT2_FAILPOINT holds comma-separated points, each `name:first[-last]` in optimizer steps:
+
+    kill:5        SIGKILL this process when step 5 has finished (before its checkpoint)
+    kill_save:5   SIGKILL this process halfway through writing the first checkpoint file of step 5
+    nan:3-5       make the loss of steps 3 to 5 not a number
+    enospc:4      fail the first checkpoint write of step 4 with "no space left on device"
+
+Steps count from 1 (the step that makes global_step 1 is step 1).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+
+ENV = "TINYGPT2_FAILPOINT"
+
+
+def _points() -> dict[str, tuple[int, int]]:
+    points = {}
+    for item in filter(None, os.environ.get(ENV, "").split(",")):
+        name, _, steps = item.partition(":")
+        first, _, last = steps.partition("-")
+        points[name.strip()] = (int(first), int(last or first))
+    return points
+
+
+def active(name: str, step: int) -> bool:
+    """Whether failpoint `name` covers optimizer step `step` (1-based)."""
+    span = _points().get(name)
+    return span is not None and span[0] <= step <= span[1]
+
+
+def kill_now() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def disk_full(path) -> OSError:
+    return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
