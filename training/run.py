@@ -18,6 +18,7 @@ from data.datamodule import TextDataModule, batches_for
 from model import GPTConfig
 
 from .callbacks import ProgressBar, TokensPerSecond, ValidateAtEnd
+from .init_from import start_from
 from .loggers import build_loggers
 from .module import GPTModule
 
@@ -113,11 +114,17 @@ def train(cfg: DictConfig, run_dir: str | os.PathLike) -> RunResult:
     trainer_cfg = OmegaConf.to_container(cfg.trainer, resolve=True)
     precision = choose_precision(trainer_cfg.pop("precision", None))
     accumulate = trainer_cfg.get("accumulate_grad_batches", 1)
+    start = start_from(cfg)  # init_from: the shape, weights and tokenizer to start from, or None
     datamodule = TextDataModule(
-        cfg.data, cfg.tokenizer, cfg.model.block_size, cfg.seed, batches_for(trainer_cfg["max_steps"], accumulate)
+        cfg.data,
+        cfg.tokenizer,
+        start.config.block_size if start else cfg.model.block_size,
+        cfg.seed,
+        batches_for(trainer_cfg["max_steps"], accumulate),
+        tokenizer=start.tokenizer if start else None,
     )
     datamodule.prepare()
-    gpt_config = model_config(cfg, datamodule.vocab_size)
+    gpt_config = start.config if start else model_config(cfg, datamodule.vocab_size)
 
     resolved = OmegaConf.to_container(cfg, resolve=True)
     resolved["model"] = gpt_config.to_dict()
@@ -132,6 +139,9 @@ def train(cfg: DictConfig, run_dir: str | os.PathLike) -> RunResult:
         tokenizer_json=datamodule.tokenizer_json,
         run_config=resolved,
     )
+    if start:
+        module.model.load_state_dict(start.state)
+        log.info("starting from the weights of %s", start.source)
     log.info(
         "model: %s parameters (%d layers, %d heads, %d wide, context %d, vocab %d); data: %s",
         f"{module.model.num_parameters():,}",
