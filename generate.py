@@ -118,15 +118,16 @@ class Result:
     cache_length: int = 0  # positions the KV cache held at the last step
 
 
-def generate_text(model, tokenizer: Tokenizer, prompt: str, args: argparse.Namespace, eot: int | None, out=None) -> Result:
-    """Sample args.num_samples continuations of prompt in one batch; a single sample streams to out
-    (default stdout)."""
+def generate_text(
+    model, tokenizer: Tokenizer, prompt: str, args: argparse.Namespace, eot: int | None, generators, out=None
+) -> Result:
+    """Sample args.num_samples continuations of prompt in one batch, row i drawing with
+    generators[i]; a single sample streams to out (default stdout)."""
     out = out or sys.stdout
     device = model.transformer.wte.weight.device
     prompt_ids = encode_prompt(tokenizer, prompt, eot)
     n = args.num_samples
     idx = torch.tensor([prompt_ids] * n, dtype=torch.long, device=device)
-    generators = [torch.Generator(device=device).manual_seed(args.seed + i) for i in range(n)]
     streams = [TextStream(tokenizer, args.stop) for _ in range(n)]
     finished = [False] * n
     result = Result([""] * n, prompt_ids)
@@ -230,12 +231,16 @@ def run(args: argparse.Namespace) -> int:
     eot = tokenizer.token_to_id(EOT)
     eot = loaded.eos_token_id if eot is None else eot
 
+    # sample i draws from its own generator, seeded seed + i once: in an interactive session the
+    # first answer is what a one-off run prints, and later ones go on drawing, so that asking
+    # again gives a new sample while the whole session stays repeatable
+    generators = [torch.Generator(device=device).manual_seed(args.seed + i) for i in range(args.num_samples)]
     prompts = iter([args.prompt])
     if args.interactive:  # --prompt, if given, is answered first
         prompts = itertools.chain([args.prompt] if args.prompt else [], read_prompts())
     for prompt in prompts:
         try:
-            result = generate_text(model, tokenizer, prompt, args, eot)
+            result = generate_text(model, tokenizer, prompt, args, eot, generators)
         except KeyboardInterrupt:
             if not args.interactive:
                 raise

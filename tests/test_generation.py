@@ -223,10 +223,18 @@ def test_interactive_answers_each_prompt_with_the_model_loaded_once(tiny_run, ca
     loads = []
     real_load = generate.load_checkpoint
     monkeypatch.setattr(generate, "load_checkpoint", lambda path: (loads.append(path), real_load(path))[1])
-    monkeypatch.setattr(sys, "stdin", io.StringIO("ROMEO:\n\nJULIET:\\nO\n"))
-    args = ["--ckpt", tiny_run, "--max-new-tokens", 15, "--temperature", 0]
-    code, out, err = cli(capsys, *args, "--interactive", "--prompt", "KING:")
+    typed = "ROMEO:\n\nJULIET:\\nO\n"
+    args = ["--ckpt", tiny_run, "--max-new-tokens", 15, "--seed", 4]
+    monkeypatch.setattr(sys, "stdin", io.StringIO(typed))
+    code, out, err = cli(capsys, *args, "--interactive", "--prompt", "ROMEO:")
     assert code == 0 and len(loads) == 1
     assert err.count("tokens generated") == 3  # --prompt, then two lines; the empty line was skipped
-    answers = [cli(capsys, *args, "--prompt", prompt)[1] for prompt in ("KING:", "ROMEO:", "JULIET:\nO")]
-    assert out == "".join(answers)  # each the same text as a one-off run; `\n` typed is a line break
+
+    first = cli(capsys, *args, "--prompt", "ROMEO:")[1]
+    assert out.startswith(first)  # the first answer is what a one-off run prints
+    second, third = out[len(first) :].split("JULIET:\nO")  # `\n` typed is a line break
+    assert second.startswith("ROMEO:") and second != first  # the same prompt again: a new sample
+    assert third
+
+    monkeypatch.setattr(sys, "stdin", io.StringIO(typed))
+    assert cli(capsys, *args, "--interactive", "--prompt", "ROMEO:")[1] == out  # the session repeats
