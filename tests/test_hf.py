@@ -154,6 +154,14 @@ def test_gpt2_folders_with_only_vocab_and_merges_and_a_bin_file(transformers_fol
     assert tokenizer.token_to_id(EOT) == tiny_tokenizer.token_to_id(EOT)
 
 
+def test_sharded_weights_are_read_whole(transformers_folder, tiny_gpt, tmp_path):
+    folder = tmp_path / "sharded"
+    transformers.GPT2LMHeadModel.from_pretrained(transformers_folder).save_pretrained(folder, max_shard_size="40KB")
+    shutil.copy(transformers_folder / "tokenizer.json", folder)
+    assert (folder / "model.safetensors.index.json").is_file() and len(list(folder.glob("model-*.safetensors"))) > 1
+    assert_same_state(load_checkpoint(folder).model, tiny_gpt)
+
+
 def test_folders_tinygpt2_cannot_represent_are_refused(transformers_folder, tmp_path):
     folder = tmp_path / "relu"
     shutil.copytree(transformers_folder, folder)
