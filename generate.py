@@ -119,10 +119,11 @@ class Result:
 
 
 def generate_text(
-    model, tokenizer: Tokenizer, prompt: str, args: argparse.Namespace, eot: int | None, generators, out=None
+    model, tokenizer: Tokenizer, prompt: str, args: argparse.Namespace, eot: int | None, generators, fresh_seeds=True, out=None
 ) -> Result:
     """Sample args.num_samples continuations of prompt in one batch, row i drawing with
-    generators[i]; a single sample streams to out (default stdout)."""
+    generators[i]; a single sample streams to out (default stdout). `fresh_seeds`: the generators
+    have drawn nothing yet, so a batch's headers can name the seed that repeats each sample."""
     out = out or sys.stdout
     device = model.transformer.wte.weight.device
     prompt_ids = encode_prompt(tokenizer, prompt, eot)
@@ -177,7 +178,8 @@ def generate_text(
         out.write("\n")
     else:
         for row, text in enumerate(result.texts):
-            out.write(f"{'-' * 20} sample {row + 1} (seed {args.seed + row}) {'-' * 20}\n{prompt}{text}\n")
+            seed = f" (seed {args.seed + row})" if fresh_seeds else ""
+            out.write(f"{'-' * 20} sample {row + 1}{seed} {'-' * 20}\n{prompt}{text}\n")
     out.flush()
     return result
 
@@ -238,9 +240,9 @@ def run(args: argparse.Namespace) -> int:
     prompts = iter([args.prompt])
     if args.interactive:  # --prompt, if given, is answered first
         prompts = itertools.chain([args.prompt] if args.prompt else [], read_prompts())
-    for prompt in prompts:
+    for count, prompt in enumerate(prompts):
         try:
-            result = generate_text(model, tokenizer, prompt, args, eot, generators)
+            result = generate_text(model, tokenizer, prompt, args, eot, generators, fresh_seeds=count == 0)
         except KeyboardInterrupt:
             if not args.interactive:
                 raise
