@@ -115,16 +115,14 @@ def train(cfg: DictConfig, run_dir: str | os.PathLike) -> RunResult:
     precision = choose_precision(trainer_cfg.pop("precision", None))
     accumulate = trainer_cfg.get("accumulate_grad_batches", 1)
     start = start_from(cfg)  # init_from: the shape, weights and tokenizer to start from, or None
+    if start:
+        cfg = OmegaConf.merge(cfg, {"model": start.config.to_dict()})  # its shape is the run's shape
     datamodule = TextDataModule(
-        cfg.data,
-        cfg.tokenizer,
-        start.config.block_size if start else cfg.model.block_size,
-        cfg.seed,
-        batches_for(trainer_cfg["max_steps"], accumulate),
+        cfg.data, cfg.tokenizer, cfg.model.block_size, cfg.seed, batches_for(trainer_cfg["max_steps"], accumulate),
         tokenizer=start.tokenizer if start else None,
     )
     datamodule.prepare()
-    gpt_config = start.config if start else model_config(cfg, datamodule.vocab_size)
+    gpt_config = model_config(cfg, datamodule.vocab_size)
 
     resolved = OmegaConf.to_container(cfg, resolve=True)
     resolved["model"] = gpt_config.to_dict()
