@@ -8,7 +8,7 @@ import lightning as L
 import numpy as np
 import torch
 from tokenizers import Tokenizer
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, Sampler
 
 from .cache import TokenCache, build_cache, find_cache, fingerprint
 from .sources import DataError, load_splits
@@ -34,6 +34,21 @@ class RandomWindows(Dataset):
         starts = rng.integers(0, len(self.ids) - self.block_size, size=self.batch_size)
         windows = torch.from_numpy(np.stack([self.ids[s : s + self.block_size + 1] for s in starts]).astype(np.int64))
         return windows[:, :-1], windows[:, 1:]  # inputs and targets, shifted by one
+
+
+class StepSampler(Sampler[int]):
+    """Batch indices for one process: its k-th micro-batch is batch k * world_size + rank, from
+    k = start. Together the processes draw batches 0, 1, 2, ... exactly once, in the order a single
+    process would, so a run's data does not depend on how many devices share it."""
+
+    def __init__(self, num_batches: int, rank: int = 0, world_size: int = 1, start: int = 0):
+        self.num_batches, self.rank, self.world_size, self.start = num_batches, rank, world_size, start
+
+    def __iter__(self):
+        return (k * self.world_size + self.rank for k in range(self.start, self.num_batches))
+
+    def __len__(self) -> int:
+        return max(0, self.num_batches - self.start)
 
 
 class ContiguousWindows(Dataset):
@@ -134,16 +149,29 @@ class TextDataModule(L.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         windows = RandomWindows(self.prepare().ids("train"), self.block_size, self.batch_size, self.seed, self.num_batches)
-        return self.loader(windows, batch_size=None)
+        trainer = self.trainer
+        if trainer is None:
+            return self.loader(windows, batch_size=None)
+        accumulate = trainer.accumulate_grad_batches
+        per_process = batches_for(trainer.max_steps, accumulate)
+        start = trainer.global_step * accumulate  # batches each process already drew (resuming)
+        sampler = StepSampler(per_process, trainer.global_rank, trainer.world_size, start)
+        return self.loader(windows, batch_size=None, sampler=sampler)
 
     def val_dataloader(self) -> DataLoader:
-        return self.loader(ContiguousWindows(self.prepare().ids("val"), self.block_size), batch_size=self.batch_size)
+        windows = ContiguousWindows(self.prepare().ids("val"), self.block_size)
+        trainer = self.trainer
+        shard = None
+        if trainer is not None and trainer.world_size > 1:  # each process scores every world_size-th window
+            shard = list(range(trainer.global_rank, len(windows), trainer.world_size))
+        return self.loader(windows, batch_size=self.batch_size, sampler=shard)
 
-    def loader(self, dataset: Dataset, batch_size: int | None) -> DataLoader:
+    def loader(self, dataset: Dataset, batch_size: int | None, sampler=None) -> DataLoader:
         workers = self.data_cfg.get("num_workers", 0)
         return DataLoader(
             dataset,
             batch_size=batch_size,
+            sampler=sampler,
             shuffle=False,
             num_workers=workers,
             pin_memory=torch.cuda.is_available(),

@@ -23,4 +23,8 @@ TINY = [
     "trainer.log_every_n_steps=1",
     "optim.warmup_steps=2",
     "logger=csv",
+    "latest_link=null",
 ]
+
+# Only the model and tokenizer of TINY, for presets that set the rest themselves.
+TINY_MODEL = TINY[:5]

@@ -48,6 +48,7 @@ def test_required_overrides_compose(small_text, tmp_path):
         assert compose_config(f"model={preset}").model.n_layer == layers
 
 
+@pytest.mark.slow
 def test_a_composed_config_trains_and_writes_a_checkpoint_that_generates(small_text, tmp_path):
     cfg = compose_config(*TINY, f"data.path={small_text}", "trainer.max_steps=30", "trainer.val_check_interval=10")
     result = train(cfg, tmp_path / "run")

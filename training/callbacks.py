@@ -1,43 +1,189 @@
-"""Callbacks: training speed, and a validation (hence a checkpoint) at the very last step."""
+"""Callbacks: speed and MFU, text samples, the loss curve, the progress bar, a validation at the end."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
+from pathlib import Path
+from typing import Any
 
 import lightning as L
+import torch
 from lightning.pytorch.callbacks import TQDMProgressBar
+from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
+from tokenizers import Tokenizer
+
+from .flops import device_peak_flops, flops_per_token
+
+log = logging.getLogger(__name__)
 
 
-class TokensPerSecond(L.Callback):
-    """Logs train/tokens_per_sec: tokens of every process, over a sliding window of recent batches."""
+def tokens_per_step(trainer, micro_batch_tokens: int) -> int:
+    """Tokens in one optimizer step over all processes."""
+    return micro_batch_tokens * trainer.world_size * trainer.accumulate_grad_batches
 
-    def __init__(self, window: int = 20):
+
+class Throughput(L.Callback):
+    """Logs train/tokens_per_sec (all processes, over a sliding window of batches), train/mfu
+    (model FLOPs utilisation against the device's peak) and train/tokens_seen."""
+
+    def __init__(self, micro_batch_tokens: int, window: int = 20):
+        self.micro_batch_tokens = micro_batch_tokens
+        self.tokens_per_step = micro_batch_tokens
         self.times: deque[float] = deque(maxlen=window + 1)
         self.tokens: deque[int] = deque(maxlen=window + 1)
+        self.flops_per_token: float | None = None
+        self.peak: float | None = None
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        self.tokens_per_step = tokens_per_step(trainer, self.micro_batch_tokens)
+        self.flops_per_token = flops_per_token(pl_module.model.config)
+        self.peak = device_peak_flops(pl_module.device, str(trainer.precision))
+        if self.peak is None:
+            log.info("peak FLOP/s of %s unknown: train/mfu is not logged", pl_module.device)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        inputs = batch[0]
         self.times.append(time.perf_counter())
-        self.tokens.append(inputs.numel() * trainer.world_size)
-        if len(self.times) >= 2:
-            elapsed = self.times[-1] - self.times[0]
-            tokens = sum(list(self.tokens)[1:])  # tokens processed after the first timestamp
-            pl_module.log("train/tokens_per_sec", tokens / elapsed, prog_bar=True)
+        self.tokens.append(batch[0].numel() * trainer.world_size)
+        pl_module.log("train/tokens_seen", float(trainer.global_step * self.tokens_per_step))
+        if len(self.times) < 2:
+            return
+        rate = sum(list(self.tokens)[1:]) / (self.times[-1] - self.times[0])  # tokens after the first stamp
+        pl_module.log("train/tokens_per_sec", rate, prog_bar=True)
+        if self.peak:
+            per_device = rate / trainer.world_size
+            pl_module.log("train/mfu", per_device * self.flops_per_token / self.peak)
 
-    def on_validation_end(self, trainer, pl_module) -> None:
-        # validation time is not training time: start the window afresh
+    def on_validation_start(self, trainer, pl_module) -> None:
+        # validation (and sampling) time is not training time: restart the window
         self.times.clear()
         self.tokens.clear()
 
 
-class ValidateAtEnd(L.Callback):
-    """Ends training through `should_stop` at the last step, so that Lightning validates there and the
-    checkpoints (best and last) describe the final weights."""
+class TextSamples(L.Callback):
+    """After every validation, continues fixed prompts and logs the text: a table in wandb, text in
+    TensorBoard, and `samples.md` in the run folder."""
+
+    def __init__(self, run_dir: Path, tokenizer_json: str, prompts: list[str], max_new_tokens: int = 64,
+                 temperature: float = 0.8, top_k: int | None = 50, seed: int = 1337):
+        self.path = Path(run_dir) / "samples.md"
+        self.tokenizer = Tokenizer.from_str(tokenizer_json)
+        self.prompts = list(prompts) or [""]
+        self.max_new_tokens, self.temperature, self.top_k, self.seed = max_new_tokens, temperature, top_k, seed
+
+    def encode(self, prompt: str) -> list[int]:
+        ids = self.tokenizer.encode(prompt, add_special_tokens=False).ids if prompt else []
+        eot = self.tokenizer.token_to_id("<|endoftext|>")
+        return ids or ([eot] if eot is not None else [0])
+
+    @torch.no_grad()
+    def generate(self, model, prompt: str) -> str:
+        idx = torch.tensor([self.encode(prompt)], device=model.transformer.wte.weight.device)
+        generator = torch.Generator(device=idx.device).manual_seed(self.seed)
+        out = model.generate(idx, self.max_new_tokens, self.temperature, self.top_k, generator=generator)
+        return prompt + self.tokenizer.decode(out[0, idx.size(1) :].tolist())
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if trainer.sanity_checking or not trainer.is_global_zero:
+            return
+        model = pl_module.model
+        was_training = model.training
+        model.eval()
+        try:
+            rows = [(prompt, self.generate(model, prompt)) for prompt in self.prompts]
+        finally:
+            model.train(was_training)
+        step = trainer.global_step
+        with open(self.path, "a", encoding="utf-8") as out:
+            for prompt, text in rows:
+                out.write(f"## step {step}, prompt {prompt!r}\n\n```\n{text}\n```\n\n")
+        for logger in trainer.loggers:
+            if isinstance(logger, WandbLogger):
+                logger.log_text("samples", columns=["step", "prompt", "text"], data=[[step, p, t] for p, t in rows])
+            elif isinstance(logger, TensorBoardLogger):
+                for i, (prompt, text) in enumerate(rows):
+                    logger.experiment.add_text(f"samples/{i}", f"**{prompt}**\n\n    " + text.replace("\n", "\n    "), step)
+
+
+class LossCurve(L.Callback):
+    """Keeps train and val loss against tokens seen and draws `loss.png` in the run folder when the
+    run ends. The history is part of the checkpoint, so a resumed run draws the whole curve."""
+
+    def __init__(self, run_dir: Path, micro_batch_tokens: int):
+        self.path = Path(run_dir) / "loss.png"
+        self.micro_batch_tokens = micro_batch_tokens
+        self.tokens_per_step = micro_batch_tokens
+        self.train: list[tuple[float, float]] = []
+        self.val: list[tuple[float, float]] = []
+        self.pending: list[float] = []  # micro-batch losses of the optimizer step under way
+        self.last_step = 0
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.tokens_per_step = tokens_per_step(trainer, self.micro_batch_tokens)
+        self.last_step = trainer.global_step  # above 0 when resuming
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if 0 < trainer.max_steps <= trainer.global_step:
-            trainer.should_stop = True
+        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+        if loss is None or not trainer.is_global_zero:
+            return
+        self.pending.append(float(loss))
+        if trainer.global_step != self.last_step:  # an optimizer step just happened
+            tokens = trainer.global_step * self.tokens_per_step
+            self.train.append((tokens, sum(self.pending) / len(self.pending)))
+            self.pending.clear()
+            self.last_step = trainer.global_step
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        loss = trainer.callback_metrics.get("val/loss")
+        if loss is not None and not trainer.sanity_checking:
+            self.val.append((trainer.global_step * self.tokens_per_step, float(loss)))
+
+    def on_fit_end(self, trainer, pl_module) -> None:
+        if trainer.is_global_zero and (self.train or self.val):
+            draw_loss_curve(self.path, self.train, self.val, title=self.path.parent.name)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"train": self.train, "val": self.val}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.train, self.val = [tuple(p) for p in state["train"]], [tuple(p) for p in state["val"]]
+
+
+def draw_loss_curve(path: Path, train: list[tuple[float, float]], val: list[tuple[float, float]], title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5), dpi=120)
+    if train:
+        tokens, losses = zip(*train)
+        ax.plot(tokens, losses, color="tab:blue", alpha=0.25, linewidth=0.8)
+        ax.plot(tokens, smooth(losses), color="tab:blue", linewidth=1.8, label="train loss (smoothed)")
+    if val:
+        tokens, losses = zip(*val)
+        ax.plot(tokens, losses, "o-", color="tab:orange", linewidth=1.8, label="val loss")
+        ax.annotate(f"{losses[-1]:.3f}", (tokens[-1], losses[-1]), textcoords="offset points", xytext=(4, 6))
+    ax.xaxis.set_major_formatter(matplotlib.ticker.EngFormatter())
+    ax.set_xlabel("tokens seen")
+    ax.set_ylabel("loss (nats per token)")
+    ax.set_title(f"tinygpt2 {title}")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def smooth(values, points: int = 40) -> list[float]:
+    """Centred moving average over about len(values) / points neighbours: no lag, no start-up bias."""
+    half = max(0, len(values) // points) // 2
+    out = []
+    for i in range(len(values)):
+        window = values[max(0, i - half) : i + half + 1]
+        out.append(sum(window) / len(window))
+    return out
 
 
 class ProgressBar(TQDMProgressBar):
@@ -58,4 +204,14 @@ class ProgressBar(TQDMProgressBar):
         super().on_train_epoch_start(trainer, *args)
         if trainer.max_steps > 0:
             self.train_progress_bar.reset(total=trainer.max_steps * trainer.accumulate_grad_batches)
+            self.train_progress_bar.n = trainer.global_step * trainer.accumulate_grad_batches
         self.train_progress_bar.set_description("training")
+
+
+class ValidateAtEnd(L.Callback):
+    """Ends training through `should_stop` at the last step, so that Lightning validates there and the
+    checkpoints (best and last) describe the final weights."""
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if 0 < trainer.max_steps <= trainer.global_step:
+            trainer.should_stop = True

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from lightning.pytorch.loggers import CSVLogger, Logger
+from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 
 WANDB_MODES = ("auto", "online", "offline", "disabled")
 
@@ -55,7 +55,7 @@ def make_wandb(cfg: dict[str, Any], run_dir: Path) -> Logger:
 
 
 def build_loggers(logger_cfg: dict[str, Any] | None, run_dir: Path) -> list[Logger]:
-    """One Lightning logger per key of the `logger` group (wandb, csv); none for logger=none."""
+    """One Lightning logger per key of the `logger` group (wandb, tensorboard, csv); none for logger=none."""
     loggers: list[Logger] = []
     for name, cfg in (logger_cfg or {}).items():
         cfg = cfg or {}
@@ -63,6 +63,18 @@ def build_loggers(logger_cfg: dict[str, Any] | None, run_dir: Path) -> list[Logg
             loggers.append(CSVLogger(save_dir=str(run_dir), name="", version=""))
         elif name == "wandb":
             loggers.append(make_wandb(cfg, run_dir))
+        elif name == "tensorboard":
+            loggers.append(TensorBoardLogger(save_dir=str(run_dir), name="tensorboard", version="", default_hp_metric=False))
         else:
-            raise ValueError(f"unknown logger {name!r}; use wandb, csv or none")
+            raise ValueError(f"unknown logger {name!r}; use wandb, tensorboard, csv or none")
     return loggers
+
+
+def finish_loggers(loggers: list[Logger]) -> None:
+    """Close the wandb run so its files are complete now, not only when the process exits (a sweep
+    runs several trainings in one process)."""
+    from lightning.pytorch.loggers import WandbLogger
+
+    for logger in loggers:
+        if isinstance(logger, WandbLogger) and logger._experiment is not None:
+            logger._experiment.finish()

@@ -62,10 +62,10 @@ class GPTModule(L.LightningModule):
         total = self.trainer.strategy.reduce(self.val_loss_sum, reduce_op="sum")
         count = self.trainer.strategy.reduce(self.val_token_count, reduce_op="sum")
         loss = (total / count.clamp(min=1)).float()
-        self.log("val/loss", loss, prog_bar=True)
-        self.log("val/perplexity", torch.exp(loss))
+        self.log("val/loss", loss, prog_bar=True, sync_dist=True)  # equal on every process already
+        self.log("val/perplexity", torch.exp(loss), sync_dist=True)
         # bits per character: mean nats per token, times tokens per character, over ln 2
-        self.log("val/bpc", loss * self.val_tokens_per_char / math.log(2), prog_bar=True)
+        self.log("val/bpc", loss * self.val_tokens_per_char / math.log(2), prog_bar=True, sync_dist=True)
 
     # ---- optimisation ----------------------------------------------------------------------------
 
@@ -80,6 +80,15 @@ class GPTModule(L.LightningModule):
 
     def on_before_optimizer_step(self, optimizer) -> None:
         self.log("train/lr", optimizer.param_groups[0]["lr"])
+
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
+        """Clip by global norm and log the norm before clipping (one norm computation for both)."""
+        if gradient_clip_algorithm not in (None, "norm") or self.trainer.strategy.__class__.__name__.startswith("FSDP"):
+            # value clipping, and FSDP's sharded norm, are Lightning's own
+            return super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
+        max_norm = gradient_clip_val if gradient_clip_val else float("inf")
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        self.log("train/grad_norm", norm)
 
     # ---- checkpoints -----------------------------------------------------------------------------
 

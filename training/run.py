@@ -11,15 +11,17 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.fabric.utilities.exceptions import MisconfigurationException
+from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf
 
 from data.datamodule import TextDataModule, batches_for
 from model import GPTConfig
 
-from .callbacks import ProgressBar, TokensPerSecond, ValidateAtEnd
+from .callbacks import LossCurve, ProgressBar, TextSamples, Throughput, ValidateAtEnd
 from .init_from import start_from
-from .loggers import build_loggers
+from .loggers import build_loggers, finish_loggers
 from .module import GPTModule
 
 log = logging.getLogger(__name__)
@@ -102,10 +104,40 @@ def drop_advertisements(record: logging.LogRecord) -> bool:
     return "litlogger" not in record.getMessage()
 
 
+def accumulation(cfg: DictConfig, world_size: int) -> int:
+    """Micro-batches per optimizer step, from tokens_per_step (the global batch, in tokens), so the
+    global batch stays the same when the number of devices changes."""
+    micro = cfg.data.batch_size * cfg.model.block_size * world_size
+    tokens = cfg.get("tokens_per_step")
+    set_by_hand = cfg.trainer.get("accumulate_grad_batches") or 1
+    if tokens is None:
+        return set_by_hand
+    if set_by_hand != 1:
+        raise SettingError("set either tokens_per_step or trainer.accumulate_grad_batches, not both")
+    if tokens < micro or tokens % micro:
+        raise SettingError(
+            f"tokens_per_step={tokens} is not a multiple of data.batch_size x model.block_size x devices = "
+            f"{cfg.data.batch_size} x {cfg.model.block_size} x {world_size} = {micro}; use e.g. {max(1, round(tokens / micro)) * micro}"
+        )
+    return tokens // micro
+
+
+def choose_strategy(name: Any):
+    """`fsdp` shards every transformer block and saves one full checkpoint; other names go to Lightning."""
+    if name == "fsdp":
+        from lightning.pytorch.strategies import FSDPStrategy
+
+        from model.gpt import Block
+
+        return FSDPStrategy(auto_wrap_policy={Block}, state_dict_type="full")
+    return name
+
+
 def train(cfg: DictConfig, run_dir: str | os.PathLike) -> RunResult:
     check_settings(cfg)
     quiet_known_warnings()
     run_dir = Path(run_dir)
+    main_process = rank_zero_only.rank == 0
     run_dir.mkdir(parents=True, exist_ok=True)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     if torch.cuda.is_available():
@@ -113,12 +145,13 @@ def train(cfg: DictConfig, run_dir: str | os.PathLike) -> RunResult:
 
     trainer_cfg = OmegaConf.to_container(cfg.trainer, resolve=True)
     precision = choose_precision(trainer_cfg.pop("precision", None))
-    accumulate = trainer_cfg.get("accumulate_grad_batches", 1)
+    strategy = choose_strategy(trainer_cfg.pop("strategy", "auto"))
+    trainer_cfg.pop("accumulate_grad_batches", None)  # set below, from tokens_per_step
     start = start_from(cfg)  # init_from: the shape, weights and tokenizer to start from, or None
     if start:
         cfg = OmegaConf.merge(cfg, {"model": start.config.to_dict()})  # its shape is the run's shape
     datamodule = TextDataModule(
-        cfg.data, cfg.tokenizer, cfg.model.block_size, cfg.seed, batches_for(trainer_cfg["max_steps"], accumulate),
+        cfg.data, cfg.tokenizer, cfg.model.block_size, cfg.seed, batches_for(trainer_cfg["max_steps"], 1),
         tokenizer=start.tokenizer if start else None,
     )
     datamodule.prepare()
@@ -126,8 +159,9 @@ def train(cfg: DictConfig, run_dir: str | os.PathLike) -> RunResult:
 
     resolved = OmegaConf.to_container(cfg, resolve=True)
     resolved["model"] = gpt_config.to_dict()
-    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(resolved))
-    (run_dir / "tokenizer.json").write_text(datamodule.tokenizer_json, encoding="utf-8")
+    if main_process:
+        (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(resolved))
+        (run_dir / "tokenizer.json").write_text(datamodule.tokenizer_json, encoding="utf-8")
 
     module = GPTModule(
         gpt_config,
@@ -140,16 +174,8 @@ def train(cfg: DictConfig, run_dir: str | os.PathLike) -> RunResult:
     if start:
         module.model.load_state_dict(start.state)
         log.info("starting from the weights of %s", start.source)
-    log.info(
-        "model: %s parameters (%d layers, %d heads, %d wide, context %d, vocab %d); data: %s",
-        f"{module.model.num_parameters():,}",
-        gpt_config.n_layer,
-        gpt_config.n_head,
-        gpt_config.n_embd,
-        gpt_config.block_size,
-        gpt_config.vocab_size,
-        datamodule.source,
-    )
+    if cfg.get("compile"):
+        module.model.compile()  # compiles in place: the state dict keeps its plain names
 
     logger_cfg = cfg.get("logger")  # None with logger=none
     loggers = build_loggers(OmegaConf.to_container(logger_cfg, resolve=True) if logger_cfg else {}, run_dir)
@@ -165,14 +191,52 @@ def train(cfg: DictConfig, run_dir: str | os.PathLike) -> RunResult:
         auto_insert_metric_name=False,
         enable_version_counter=False,
     )
-    trainer = L.Trainer(
-        **trainer_cfg,
-        precision=precision,
-        logger=loggers or False,
-        callbacks=[checkpoints, TokensPerSecond(), ValidateAtEnd(), *([ProgressBar()] if trainer_cfg.get("enable_progress_bar", True) else [])],
-        default_root_dir=str(run_dir),
+    micro_batch_tokens = cfg.data.batch_size * cfg.model.block_size
+    callbacks = [
+        checkpoints,
+        Throughput(micro_batch_tokens),
+        LossCurve(run_dir, micro_batch_tokens),
+        ValidateAtEnd(),
+        *([ProgressBar()] if trainer_cfg.get("enable_progress_bar", True) else []),
+    ]
+    samples = cfg.get("samples") or {}
+    if samples.get("enabled", True):
+        prompts = samples.get("prompts") or cfg.data.get("sample_prompts") or [""]
+        settings = {k: samples[k] for k in ("max_new_tokens", "temperature", "top_k", "seed") if k in samples}
+        callbacks.append(TextSamples(run_dir, datamodule.tokenizer_json, list(prompts), **settings))
+    try:
+        trainer = L.Trainer(
+            **trainer_cfg,
+            strategy=strategy,
+            precision=precision,
+            logger=loggers or False,
+            callbacks=callbacks,
+            use_distributed_sampler=False,  # the data module shards batches itself, see StepSampler
+            default_root_dir=str(run_dir),
+        )
+    except (MisconfigurationException, ValueError, TypeError) as err:  # Lightning's own checks of trainer.*
+        raise SettingError(f"trainer settings: {str(err).splitlines()[0]}") from None
+    trainer.accumulate_grad_batches = accumulation(cfg, trainer.world_size)
+    log.info(
+        "model: %s parameters (%d layers, %d heads, %d wide, context %d, vocab %d); data: %s; "
+        "%d tokens per step = %d sequences x %d tokens x %d device(s) x %d accumulation",
+        f"{module.model.num_parameters():,}",
+        gpt_config.n_layer,
+        gpt_config.n_head,
+        gpt_config.n_embd,
+        gpt_config.block_size,
+        gpt_config.vocab_size,
+        datamodule.source,
+        micro_batch_tokens * trainer.world_size * trainer.accumulate_grad_batches,
+        cfg.data.batch_size,
+        cfg.model.block_size,
+        trainer.world_size,
+        trainer.accumulate_grad_batches,
     )
-    trainer.fit(module, datamodule=datamodule)
+    try:
+        trainer.fit(module, datamodule=datamodule)
+    finally:
+        finish_loggers(loggers)
 
     last = run_dir / "checkpoints" / "last.ckpt"
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if torch.is_tensor(v) and v.numel() == 1}

@@ -1,0 +1,104 @@
+"""Optimisation settings: schedules, parameter groups, the global batch, precision, MFU figures."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from model import GPT, GPTConfig
+from training.flops import flops_per_token, gpu_peak_flops
+from training.optim import lr_factor, make_adamw, parameter_groups
+from training.run import SettingError, accumulation, choose_precision
+
+
+def test_warmup_is_linear_up_to_the_peak():
+    assert [lr_factor(s, 4, 100, 0.1) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
+
+
+@pytest.mark.parametrize("schedule", ["cosine", "linear", "constant"])
+def test_schedules_after_warmup(schedule):
+    factors = [lr_factor(s, 10, 110, 0.1, schedule) for s in range(10, 111)]
+    if schedule == "constant":
+        assert all(f == 1.0 for f in factors)
+        return
+    assert factors[0] == pytest.approx(1.0) and factors[-1] == pytest.approx(0.1)
+    assert all(a >= b for a, b in zip(factors, factors[1:]))  # never goes up
+    midpoint = factors[50]
+    assert midpoint == pytest.approx(0.55)  # both schedules pass halfway at half time
+    quarter = factors[25]
+    expected = 0.1 + 0.9 * (0.5 * (1 + math.cos(math.pi * 0.25)) if schedule == "cosine" else 0.75)
+    assert quarter == pytest.approx(expected)
+    assert lr_factor(500, 10, 110, 0.1, schedule) == pytest.approx(0.1)  # stays at the floor
+
+
+def test_unknown_schedule_is_refused():
+    with pytest.raises(ValueError, match="schedule"):
+        lr_factor(0, 0, 10, 0.1, "step")
+
+
+def test_biases_and_layernorms_are_not_decayed():
+    gpt = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=16, block_size=8, vocab_size=40))
+    decay, no_decay = parameter_groups(gpt, 0.1)
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    names = {id(p): n for n, p in gpt.named_parameters()}
+    assert all(names[id(p)].endswith("weight") and p.dim() == 2 for p in decay["params"])
+    assert {names[id(p)].rsplit(".", 1)[-1] for p in no_decay["params"]} == {"bias", "weight"}  # biases, LN gains
+    assert all(p.dim() == 1 for p in no_decay["params"])
+    counted = sum(p.numel() for group in (decay, no_decay) for p in group["params"])
+    assert counted == gpt.num_parameters()  # the tied lm_head/wte is one parameter, in one group
+    optimizer = make_adamw(gpt, 1e-3, 0.1, (0.9, 0.95))
+    assert optimizer.param_groups[0]["betas"] == (0.9, 0.95)
+
+
+def cfg(tokens_per_step=None, batch_size=8, block_size=32, accumulate=None):
+    return OmegaConf.create(
+        {
+            "tokens_per_step": tokens_per_step,
+            "data": {"batch_size": batch_size},
+            "model": {"block_size": block_size},
+            "trainer": {"accumulate_grad_batches": accumulate},
+        }
+    )
+
+
+def test_global_batch_in_tokens_sets_accumulation_for_any_device_count():
+    assert accumulation(cfg(tokens_per_step=2048), world_size=1) == 8
+    assert accumulation(cfg(tokens_per_step=2048), world_size=2) == 4
+    assert accumulation(cfg(tokens_per_step=2048), world_size=8) == 1
+    assert accumulation(cfg(), world_size=4) == 1
+    assert accumulation(cfg(accumulate=3), world_size=1) == 3
+
+
+@pytest.mark.parametrize("tokens, world, message", [(1000, 1, "not a multiple"), (256, 2, "not a multiple")])
+def test_a_global_batch_that_does_not_divide_is_refused(tokens, world, message):
+    with pytest.raises(SettingError, match=message):
+        accumulation(cfg(tokens_per_step=tokens), world_size=world)
+
+
+def test_global_batch_and_accumulation_together_are_refused():
+    with pytest.raises(SettingError, match="not both"):
+        accumulation(cfg(tokens_per_step=512, accumulate=2), world_size=1)
+
+
+def test_precision_is_32_bit_on_cpu_and_can_be_chosen():
+    if not torch.cuda.is_available():
+        assert choose_precision(None) == "32-true"
+    assert choose_precision("bf16-mixed") == "bf16-mixed"
+
+
+def test_flops_per_token_match_the_known_gpt2_figure():
+    # GPT-2 small with nanoGPT's padded vocabulary: 6N + 12 L C T = 0.855 GFLOPs per token
+    gpt2 = GPTConfig(vocab_size=50304)
+    assert flops_per_token(gpt2) == 6 * (12 * 12 * 768**2 + 768 * 50304) + 12 * 12 * 768 * 1024
+    assert flops_per_token(gpt2) / 1e9 == pytest.approx(0.8547, abs=1e-3)
+    assert flops_per_token(gpt2, training=False) == flops_per_token(gpt2) / 3
+
+
+def test_known_gpu_peaks_depend_on_precision():
+    assert gpu_peak_flops("NVIDIA H100 80GB HBM3", "bf16-mixed") == pytest.approx(989.4e12)
+    assert gpu_peak_flops("NVIDIA H100 PCIe", "bf16-mixed") == pytest.approx(756.5e12)
+    assert gpu_peak_flops("NVIDIA A100-SXM4-40GB", "16-mixed") == pytest.approx(312e12)
+    assert gpu_peak_flops("Some Future GPU", "bf16-mixed") is None

@@ -1,0 +1,72 @@
+"""Runs at scale, on CPU: DDP across processes, sweeps, compile, the debug preset."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+import torch
+
+from .common import TINY, TINY_MODEL
+from .test_train import run_script
+
+pytestmark = pytest.mark.slow
+
+
+def final(run):
+    return json.loads((run / "result.json").read_text())["metrics"]
+
+
+def weights(run):
+    return torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+
+
+def test_ddp_on_two_processes_matches_one_process_with_the_same_global_batch(small_text, tmp_path):
+    common = [*TINY, f"data.path={small_text}", "trainer.max_steps=6", "trainer.val_check_interval=3",
+              "trainer.limit_val_batches=null", "tokens_per_step=512"]
+    single, ddp = tmp_path / "single", tmp_path / "ddp"
+    one = run_script("train.py", *common, f"hydra.run.dir={single}")
+    assert one.returncode == 0, one.stderr[-2000:]
+    assert "512 tokens per step = 8 sequences x 32 tokens x 1 device(s) x 2 accumulation" in one.stdout + one.stderr
+    two = run_script("train.py", *common, "trainer.strategy=ddp", "trainer.devices=2", "trainer.accelerator=cpu", f"hydra.run.dir={ddp}")
+    assert two.returncode == 0, two.stderr[-2000:]
+    assert "512 tokens per step = 8 sequences x 32 tokens x 2 device(s) x 1 accumulation" in two.stdout + two.stderr
+
+    assert final(ddp)["val/loss"] == pytest.approx(final(single)["val/loss"], rel=1e-5)
+    for key, value in weights(single).items():
+        torch.testing.assert_close(weights(ddp)[key], value, rtol=1e-5, atol=1e-6)
+    # one run folder, one set of logs, from both processes
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ddp", "single"]
+    assert [p.name for p in ddp.glob("*.log")] == ["train.log"]
+    assert len(list(csv.DictReader(open(ddp / "metrics.csv")))) > 0
+
+
+def test_sweep_runs_each_setting_in_its_own_folder_and_summarises(small_text, tmp_path):
+    sweep = tmp_path / "sweep"
+    proc = run_script("train.py", "-m", *TINY, f"data.path={small_text}", "optim.lr=1e-3,3e-3", f"hydra.sweep.dir={sweep}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (sweep / "0" / "checkpoints" / "last.ckpt").is_file() and (sweep / "1" / "checkpoints" / "last.ckpt").is_file()
+    rows = list(csv.DictReader(open(sweep / "summary.csv")))
+    assert [float(row["optim.lr"]) for row in rows] == [1e-3, 3e-3]
+    assert all(float(row["val/loss"]) > 0 for row in rows)
+    summary = json.loads((sweep / "summary.json").read_text())
+    assert summary[1]["config"]["optim"]["lr"] == 3e-3
+
+
+def test_compiled_model_saves_plain_weight_names(small_text, tmp_path):
+    run = tmp_path / "compiled"
+    proc = run_script("train.py", *TINY, f"data.path={small_text}", "compile=true", "trainer.max_steps=3", f"hydra.run.dir={run}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    keys = list(weights(run))
+    assert "model.transformer.wte.weight" in keys and not any("_orig_mod" in k for k in keys)
+
+
+def test_debug_preset_runs_with_everything_on(small_text, tmp_path):
+    run = tmp_path / "debug"
+    proc = run_script("train.py", "debug=default", *TINY_MODEL, "data.batch_size=8", f"data.path={small_text}", f"hydra.run.dir={run}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for name in ("checkpoints/last.ckpt", "metrics.csv", "loss.png", "samples.md", "tensorboard"):
+        assert (run / name).exists(), name
+    assert list((run / "wandb").glob("offline-run-*"))
+    assert json.loads((run / "result.json").read_text())["config"]["trainer"]["max_steps"] == 10
