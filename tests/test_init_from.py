@@ -88,6 +88,7 @@ def test_which_model_settings_the_command_line_names():
     assert model_keys_in(["init_from=/models/model.ckpt"], model) == set()
 
 
+@pytest.mark.slow
 def test_train_py_refuses_a_contradicting_override_in_one_line(transformers_folder, small_text, tmp_path):
     args = [*RUN, f"data.path={small_text}", f"init_from={transformers_folder}", "model.n_head=2", f"hydra.run.dir={tmp_path / 'r'}"]
     proc = subprocess.run([sys.executable, "train.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
