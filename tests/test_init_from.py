@@ -22,7 +22,7 @@ from training.run import train
 from .common import ROOT, TINY
 
 # the tiny run settings, minus the model shape and tokenizer: those come from init_from
-RUN = [o for o in TINY if not o.startswith(("model.", "tokenizer."))]
+RUN = [*(o for o in TINY if not o.startswith(("model.", "tokenizer."))), "samples.enabled=false"]
 
 
 @contextmanager
