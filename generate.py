@@ -1,23 +1,26 @@
 """Sample text from a trained model: python generate.py --prompt "ROMEO:" [--ckpt RUN_OR_CKPT] ...
 
-Loads the newest run (outputs/latest) unless --ckpt names a run folder or a .ckpt file. The prompt
-runs through the model once to fill the KV cache; then one token per step, printed as it comes.
-Needs neither Hydra nor the training data: the checkpoint carries the tokenizer.
+Loads the newest run (outputs/latest) unless --ckpt names a run folder, a .ckpt file or a Hugging
+Face GPT-2 folder. The prompt runs through the model once to fill the KV cache; then one token per
+step, printed as it comes. Needs neither Hydra nor the training data: the checkpoint carries the
+tokenizer.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
+import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer
-from tokenizers.decoders import DecodeStream
 
+from generation.text import TextStream, token_label
 from model.checkpoint import CheckpointError, load_checkpoint
-from model.sampling import check_sampling
 
 DEFAULT_RUN = Path("outputs/latest")
 EOT = "<|endoftext|>"
@@ -28,15 +31,18 @@ class UsageError(ValueError):
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description="Sample text from a tinygpt2 checkpoint.")
+    p = argparse.ArgumentParser(description="Sample text from a tinygpt2 checkpoint or a Hugging Face GPT-2 folder.")
     p.add_argument("--prompt", default="", help="text to continue (empty: start from <|endoftext|>)")
-    p.add_argument("--ckpt", type=Path, default=None, help="a run folder or .ckpt file (default: outputs/latest)")
-    p.add_argument("--max-new-tokens", type=int, default=500, help="tokens to generate per sample (default 500)")
+    p.add_argument("--ckpt", type=Path, default=None, help="a run folder, .ckpt file or Hugging Face folder (default: outputs/latest)")
+    p.add_argument("--max-new-tokens", type=int, default=500, help="tokens to generate per sample; may exceed the context (default 500)")
     p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy; higher = more varied (default 0.8)")
     p.add_argument("--top-k", type=int, default=None, help="sample only among the k most likely tokens")
     p.add_argument("--top-p", type=float, default=None, help="sample only among the most likely tokens holding mass p")
     p.add_argument("--num-samples", type=int, default=1, help="samples, generated together as one batch (default 1)")
     p.add_argument("--seed", type=int, default=1337, help="same seed, same text (sample i uses seed + i)")
+    p.add_argument("--stop", action="append", default=[], metavar="STRING", help="stop a sample when it writes STRING (repeatable)")
+    p.add_argument("--interactive", action="store_true", help="read prompts from stdin, one per line, keeping the model loaded")
+    p.add_argument("--attention-png", type=Path, default=None, metavar="FILE", help="draw the last layer's attention of sample 1")
     p.add_argument("--no-cache", action="store_true", help="recompute the whole window every step (slow; for comparison)")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, mps, or auto (default)")
     return p.parse_args(argv)
@@ -47,36 +53,176 @@ def check_args(args: argparse.Namespace) -> None:
         raise UsageError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
     if args.num_samples < 1:
         raise UsageError(f"--num-samples must be at least 1, got {args.num_samples}")
+    if not args.temperature >= 0:
+        raise UsageError(f"--temperature must be 0 (greedy) or more, got {args.temperature}")
+    if args.top_k is not None and args.top_k < 1:
+        raise UsageError(f"--top-k must be at least 1 (leave it out to keep every token), got {args.top_k}")
+    if args.top_p is not None and not 0.0 < args.top_p <= 1.0:
+        raise UsageError(f"--top-p must be in (0, 1], got {args.top_p}; 1 keeps every token")
+    if any(stop == "" for stop in args.stop):
+        raise UsageError("--stop needs a non-empty string, e.g. --stop $'\\n\\n'")
+    if args.attention_png is not None:
+        check_output_file(args.attention_png)
+
+
+def check_output_file(path: Path) -> None:
+    """Fail now, before any work, if the picture could not be written later."""
+    if path.suffix.lower() != ".png":
+        raise UsageError(f"--attention-png {path}: the picture is a PNG; give a file name ending in .png")
+    if path.is_dir():
+        raise UsageError(f"--attention-png {path} is a folder; give a file name such as {path / 'attention.png'}")
+    blocker = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        raise UsageError(f"--attention-png {path}: {blocker} is a file, not a folder; choose another place")
     try:
-        check_sampling(args.temperature, args.top_k, args.top_p)
-    except ValueError as err:
-        raise UsageError(f"--{str(err).replace('_', '-')}") from None
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path.parent):
+            pass
+    except OSError as err:
+        raise UsageError(f"--attention-png {path}: cannot write in {path.parent} ({err.strerror}); choose a writable folder") from None
 
 
 def pick_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise UsageError(f"--device {name} is not a device; use cpu, cuda, cuda:N, mps or auto") from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise UsageError(f"--device {name}: this machine has no CUDA GPU; use --device cpu")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise UsageError(f"--device {name}: there are only {torch.cuda.device_count()} GPU(s); use cuda:0")
     if device.type == "mps" and not torch.backends.mps.is_available():
         raise UsageError(f"--device {name}: MPS is not available here; use --device cpu")
     return device
 
 
-def encode_prompt(tokenizer: Tokenizer, prompt: str) -> list[int]:
+def encode_prompt(tokenizer: Tokenizer, prompt: str, start_token: int | None) -> list[int]:
     if prompt:
         ids = tokenizer.encode(prompt, add_special_tokens=False).ids
         if ids:
             return ids
-    eot = tokenizer.token_to_id(EOT)
-    if eot is None:
+    if start_token is None:
         raise UsageError("the prompt is empty and this tokenizer has no <|endoftext|> token to start from; give --prompt")
-    return [eot]
+    return [start_token]
+
+
+@dataclass
+class Result:
+    texts: list[str]  # the generated text of each sample, prompt not included
+    prompt_ids: list[int]
+    first_sample_ids: list[int] = field(default_factory=list)  # what sample 1 generated, for the picture
+    tokens: int = 0  # generated tokens, all samples together, up to where each stopped
+    seconds: float = 0.0
+    cache_length: int = 0  # positions the KV cache held at the last step
+
+
+def generate_text(
+    model, tokenizer: Tokenizer, prompt: str, args: argparse.Namespace, eot: int | None, generators, fresh_seeds=True, out=None
+) -> Result:
+    """Sample args.num_samples continuations of prompt in one batch, row i drawing with
+    generators[i]; a single sample streams to out (default stdout). `fresh_seeds`: the generators
+    have drawn nothing yet, so a batch's headers can name the seed that repeats each sample."""
+    out = out or sys.stdout
+    device = model.transformer.wte.weight.device
+    prompt_ids = encode_prompt(tokenizer, prompt, eot)
+    n = args.num_samples
+    idx = torch.tensor([prompt_ids] * n, dtype=torch.long, device=device)
+    streams = [TextStream(tokenizer, args.stop) for _ in range(n)]
+    finished = [False] * n
+    result = Result([""] * n, prompt_ids)
+    live = n == 1  # one sample prints token by token; a batch prints each sample at the end
+    if live:
+        out.write(prompt)
+        out.flush()
+
+    started = time.perf_counter()
+    steps = model.stream(
+        idx,
+        args.max_new_tokens,
+        args.temperature,
+        args.top_k,
+        args.top_p,
+        use_cache=not args.no_cache,
+        generator=generators,
+        stop_tokens=None if eot is None else [eot],
+    )
+    for step_tokens in steps:
+        result.cache_length = model.cache_length()
+        for row, token in enumerate(step_tokens.tolist()):
+            if finished[row]:
+                continue
+            if token == eot:
+                finished[row] = True
+                continue
+            result.tokens += 1
+            if row == 0:
+                result.first_sample_ids.append(token)
+            piece = streams[row].add(token)
+            if live and piece:
+                out.write(piece)
+                out.flush()
+            finished[row] = streams[row].stopped
+        if all(finished):
+            steps.close()  # frees the KV cache now
+            break
+    result.seconds = time.perf_counter() - started
+
+    for row, stream in enumerate(streams):
+        tail = stream.finish()
+        if live and tail:
+            out.write(tail)
+        result.texts[row] = stream.text
+    if live:
+        out.write("\n")
+    else:
+        for row, text in enumerate(result.texts):
+            seed = f" (seed {args.seed + row})" if fresh_seeds else ""
+            out.write(f"{'-' * 20} sample {row + 1}{seed} {'-' * 20}\n{prompt}{text}\n")
+    out.flush()
+    return result
+
+
+def summary(result: Result, args: argparse.Namespace, block_size: int, source: Path | None) -> str:
+    rate = result.tokens / max(result.seconds, 1e-9)
+    cache = "no cache" if args.no_cache else f"KV cache {result.cache_length}/{block_size} positions"
+    return (
+        f"[{result.tokens} tokens generated ({args.num_samples} sample(s)) in {result.seconds:.2f}s, {rate:.1f} tokens/s; "
+        f"prompt {len(result.prompt_ids)} tokens; {cache}; {source}]"
+    )
+
+
+def save_attention(model, tokenizer: Tokenizer, result: Result, path: Path) -> str:
+    """Draw the last layer's attention over sample 1's last window of tokens; returns a note for stderr."""
+    from generation.attention_plot import save_attention_png
+
+    ids = result.prompt_ids + result.first_sample_ids
+    window = ids[-model.config.block_size :]
+    prompt_len = len(result.prompt_ids) - (len(ids) - len(window))
+    idx = torch.tensor([window], dtype=torch.long, device=model.transformer.wte.weight.device)
+    weights = model.attention_weights(idx)[-1][0]  # (n_head, T, T)
+    labels = [token_label(tokenizer, t) for t in window]
+    title = f"layer {model.config.n_layer - 1} attention, {len(window)} tokens (prompt {max(prompt_len, 0)})"
+    save_attention_png(weights, labels, path, title=title, prompt_len=prompt_len)
+    cropped = f" (the last {len(window)} of {len(ids)} tokens: the context window)" if len(window) < len(ids) else ""
+    return f"[attention of the last layer written to {path}{cropped}]"
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the command line; bad input ends with one `error:` line on stderr and exit status 1."""
     args = parse_args(argv)
+    try:
+        return run(args)
+    except (UsageError, CheckpointError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return 130
+
+
+def run(args: argparse.Namespace) -> int:
     check_args(args)
     device = pick_device(args.device)
     loaded = load_checkpoint(checkpoint_path(args))
@@ -85,50 +231,49 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = Tokenizer.from_str(loaded.tokenizer_json)
     model = loaded.model.to(device)
     eot = tokenizer.token_to_id(EOT)
+    eot = loaded.eos_token_id if eot is None else eot
 
-    prompt_ids = encode_prompt(tokenizer, args.prompt)
-    idx = torch.tensor([prompt_ids] * args.num_samples, dtype=torch.long, device=device)
+    # sample i draws from its own generator, seeded seed + i once: in an interactive session the
+    # first answer is what a one-off run prints, and later ones go on drawing, so that asking
+    # again gives a new sample while the whole session stays repeatable
     generators = [torch.Generator(device=device).manual_seed(args.seed + i) for i in range(args.num_samples)]
-    streams = [DecodeStream(skip_special_tokens=True) for _ in range(args.num_samples)]
-    texts = [args.prompt for _ in range(args.num_samples)]
-    finished = [False] * args.num_samples
-    live = args.num_samples == 1  # one sample prints token by token; a batch prints each sample at the end
-    if live:
-        print(args.prompt, end="", flush=True)
-
-    started, generated = time.perf_counter(), 0
-    for step_tokens in model.stream(
-        idx, args.max_new_tokens, args.temperature, args.top_k, args.top_p, use_cache=not args.no_cache, generator=generators
-    ):
-        generated += 1
-        for row, token in enumerate(step_tokens.tolist()):
-            if finished[row]:
-                continue
-            if token == eot:
-                finished[row] = True
-                continue
-            piece = streams[row].step(tokenizer, token)
-            if piece:
-                texts[row] += piece
-                if live:
-                    print(piece, end="", flush=True)
-        if all(finished):
-            break
-    elapsed = time.perf_counter() - started
-
-    if live:
-        print()
-    else:
-        for row, text in enumerate(texts):
-            print(f"{'-' * 20} sample {row + 1} (seed {args.seed + row}) {'-' * 20}")
-            print(text)
-    print(
-        f"[{generated} tokens x {args.num_samples} sample(s) in {elapsed:.2f}s, "
-        f"{generated * args.num_samples / max(elapsed, 1e-9):.1f} tokens/s; prompt {len(prompt_ids)} tokens; "
-        f"{'no cache' if args.no_cache else 'KV cache'}; {loaded.path}]",
-        file=sys.stderr,
-    )
+    prompts = iter([args.prompt])
+    if args.interactive:  # --prompt, if given, is answered first
+        prompts = itertools.chain([args.prompt] if args.prompt else [], read_prompts())
+    for count, prompt in enumerate(prompts):
+        try:
+            result = generate_text(model, tokenizer, prompt, args, eot, generators, fresh_seeds=count == 0)
+        except KeyboardInterrupt:
+            if not args.interactive:
+                raise
+            print("\n[stopped]", file=sys.stderr)
+            continue
+        except UsageError as err:
+            if not args.interactive:
+                raise
+            print(f"error: {err}", file=sys.stderr)
+            continue
+        print(summary(result, args, model.config.block_size, loaded.path), file=sys.stderr)
+        if args.attention_png is not None:
+            print(save_attention(model, tokenizer, result, args.attention_png), file=sys.stderr)
     return 0
+
+
+def read_prompts():
+    """Prompts typed on stdin, one a line (`\\n` in a line is a line break), until end of input
+    (Ctrl-D) or Ctrl-C."""
+    tty = sys.stdin.isatty()
+    if tty:
+        print("type a prompt and press Enter; \\n makes a line break, Ctrl-C stops a sample, Ctrl-D quits", file=sys.stderr)
+    while True:
+        if tty:
+            print("> ", end="", file=sys.stderr, flush=True)
+        line = sys.stdin.readline()
+        if not line:
+            return
+        prompt = line.rstrip("\r\n").replace("\\n", "\n")
+        if prompt:
+            yield prompt
 
 
 def checkpoint_path(args: argparse.Namespace) -> Path:
@@ -140,7 +285,4 @@ def checkpoint_path(args: argparse.Namespace) -> Path:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except (UsageError, CheckpointError) as err:
-        sys.exit(f"error: {err}")
+    sys.exit(main())

@@ -1,14 +1,23 @@
-"""Reading checkpoints: a model, its tokenizer and its training config, from one file.
+"""Reading checkpoints: a model, its tokenizer and its training config, from one file or folder.
 
-A checkpoint describes itself: besides the weights, training stores under the key `tinygpt2` the
-model config, the tokenizer (as the JSON text of a `tokenizers.Tokenizer`) and the resolved training
-config. Loading never executes pickled code (`torch.load(weights_only=True)`).
+Two kinds are read:
+
+- a tinygpt2 training checkpoint (`.ckpt`, or a run folder holding one). It describes itself:
+  besides the weights, training stores under the key `tinygpt2` the model config, the tokenizer
+  (the JSON text of a `tokenizers.Tokenizer`) and the resolved training config;
+- a Hugging Face GPT-2 folder (`config.json` plus `model.safetensors` or `pytorch_model.bin`, whole
+  or sharded), as written by `export.py` or by `transformers` itself. Its tokenizer comes from
+  `tokenizer.json`, else from the GPT-2 files `vocab.json` and `merges.txt`.
+
+Loading never executes pickled code: `torch.load(weights_only=True)` or safetensors. A file that
+carries pickled objects is refused.
 """
 
 from __future__ import annotations
 
+import json
 import pickle
-import zipfile
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,14 +26,28 @@ import torch
 
 from .config import ConfigError, GPTConfig
 from .gpt import GPT
+from .hf import byte_level_bpe_json, config_from_hf, from_hf_state_dict
 
 META_KEY = "tinygpt2"
 STATE_PREFIX = "model."  # the LightningModule keeps the GPT as `self.model`
 CHECKPOINT_NAMES = ("best.ckpt", "last.ckpt")  # looked for, in this order, in a run's checkpoints/
+HF_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be used; the message says which file and what to do."""
+
+
+@dataclass
+class Weights:
+    """What a checkpoint holds, before a model is built from it."""
+
+    config: GPTConfig
+    state: dict[str, torch.Tensor]  # our parameter names, no prefix
+    tokenizer_json: str | None
+    run_config: dict[str, Any] = field(default_factory=dict)  # the resolved training config, if any
+    path: Path | None = None  # the file (or Hugging Face folder) that was read
+    eos_token_id: int | None = None  # the end-of-text token a Hugging Face config names
 
 
 @dataclass
@@ -33,6 +56,15 @@ class Loaded:
     tokenizer_json: str | None
     config: dict[str, Any] = field(default_factory=dict)  # the resolved training config
     path: Path | None = None
+    eos_token_id: int | None = None
+
+
+def first_line(err: BaseException) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]
+
+
+def is_hf_folder(path: str | Path) -> bool:
+    return Path(path).is_dir() and (Path(path) / "config.json").is_file()
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
@@ -45,25 +77,36 @@ def resolve_checkpoint(path: str | Path) -> Path:
             for name in CHECKPOINT_NAMES:
                 if (folder / name).is_file():
                     return folder / name
-        raise CheckpointError(f"no checkpoint in {path}: expected checkpoints/best.ckpt or checkpoints/last.ckpt")
-    raise CheckpointError(f"checkpoint {path} does not exist; pass a .ckpt file or a run folder")
+        raise CheckpointError(
+            f"no checkpoint in {path}: expected checkpoints/best.ckpt or checkpoints/last.ckpt (a run folder), "
+            "or config.json with model.safetensors (a Hugging Face folder)"
+        )
+    raise CheckpointError(f"checkpoint {path} does not exist; pass a .ckpt file, a run folder or a Hugging Face folder")
+
+
+def safe_torch_load(path: Path, map_location="cpu") -> Any:
+    """torch.load that only rebuilds tensors and plain containers; anything else is refused."""
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as err:
+        code = re.search(r"GLOBAL (\S+)", str(err))
+        if code is None:  # not an object it refused: bytes that are no pickle at all
+            raise CheckpointError(f"cannot read checkpoint {path}: it is truncated or corrupted") from None
+        raise CheckpointError(
+            f"refused to load {path}: it holds a pickled object ({code.group(1)}) whose loading could run code; "
+            "nothing in it was run. Load only checkpoints you trust, and save weights as plain tensors"
+        ) from None
+    except Exception as err:  # damaged bytes surface as any of a dozen errors inside the unpickler
+        detail = f" ({first_line(err).split('. ')[0]})" if isinstance(err, (RuntimeError, OSError)) else ""
+        raise CheckpointError(
+            f"cannot read checkpoint {path}{detail}: it is truncated or corrupted; use an earlier or a fresh copy"
+        ) from None
 
 
 def read_checkpoint(path: str | Path, map_location="cpu") -> dict[str, Any]:
     """The checkpoint's dict, loaded without running any pickled code."""
     path = resolve_checkpoint(path)
-    try:
-        ckpt = torch.load(path, map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError as err:
-        raise CheckpointError(
-            f"refused to load {path}: it holds pickled objects that could run code ({str(err).splitlines()[0]}); "
-            "only load checkpoints you trust, and re-save them as plain tensors"
-        ) from None
-    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError) as err:
-        raise CheckpointError(
-            f"cannot read checkpoint {path} ({str(err).splitlines()[0]}); it is truncated or corrupted, "
-            "use an earlier checkpoint of the run"
-        ) from None
+    ckpt = safe_torch_load(path, map_location)
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
         raise CheckpointError(f"{path} is not a tinygpt2 checkpoint (it has no state_dict)")
     return ckpt
@@ -75,8 +118,11 @@ def model_state(ckpt: dict[str, Any]) -> dict[str, torch.Tensor]:
     return {k[len(STATE_PREFIX) :]: v for k, v in state.items() if k.startswith(STATE_PREFIX)}
 
 
-def load_checkpoint(path: str | Path, map_location="cpu") -> Loaded:
-    """Model (in eval mode), tokenizer and training config from a checkpoint or run folder."""
+def read_weights(path: str | Path, map_location="cpu") -> Weights:
+    """Config, weights and tokenizer of a tinygpt2 checkpoint, run folder or Hugging Face folder."""
+    path = Path(path).expanduser()
+    if is_hf_folder(path):
+        return read_hf_folder(path, map_location)
     file = resolve_checkpoint(path)
     ckpt = read_checkpoint(file, map_location)
     meta = ckpt.get(META_KEY)
@@ -86,10 +132,90 @@ def load_checkpoint(path: str | Path, map_location="cpu") -> Loaded:
         config = GPTConfig.from_dict(meta["model_config"])
     except ConfigError as err:
         raise CheckpointError(f"{file} describes a model that cannot be built: {err}") from None
-    model = GPT(config)
+    return Weights(config, model_state(ckpt), meta.get("tokenizer"), meta.get("config") or {}, file)
+
+
+def load_checkpoint(path: str | Path, map_location="cpu") -> Loaded:
+    """Model (in eval mode), tokenizer and training config from a checkpoint, run folder or
+    Hugging Face folder."""
+    weights = read_weights(path, map_location)
+    model = GPT(weights.config)
     try:
-        model.load_state_dict(model_state(ckpt))
+        model.load_state_dict(weights.state)
     except RuntimeError as err:
-        raise CheckpointError(f"weights in {file} do not fit the model it describes: {str(err).splitlines()[0]}") from None
+        raise CheckpointError(
+            f"weights in {weights.path} do not fit the model it describes: {first_line(err)}"
+        ) from None
     model.eval()
-    return Loaded(model, meta.get("tokenizer"), meta.get("config") or {}, file)
+    return Loaded(model, weights.tokenizer_json, weights.run_config, weights.path, weights.eos_token_id)
+
+
+# ---- Hugging Face folders ----------------------------------------------------------------------------
+
+
+def read_hf_folder(folder: Path, map_location="cpu") -> Weights:
+    config_file = folder / "config.json"
+    try:
+        hf_config = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise CheckpointError(f"cannot read {config_file} ({err}); it is not a valid config.json") from None
+    try:
+        config = config_from_hf(hf_config)
+        state = from_hf_state_dict(read_hf_weights(folder, map_location))
+    except (ConfigError, TypeError, KeyError) as err:
+        raise CheckpointError(f"{folder} is not a GPT-2 model tinygpt2 can load: {err}") from None
+    eos = hf_config.get("eos_token_id")
+    eos = eos[0] if isinstance(eos, list) and eos else eos
+    eos = eos if isinstance(eos, int) and 0 <= eos < config.vocab_size else None
+    return Weights(config, state, read_hf_tokenizer(folder), {}, folder, eos)
+
+
+def read_hf_weights(folder: Path, map_location="cpu") -> dict[str, torch.Tensor]:
+    """Every tensor of the folder's weight files (one file, or the shards an index names)."""
+    for name in HF_WEIGHT_FILES:
+        file = folder / name
+        if not file.is_file():
+            continue
+        if name.endswith(".index.json"):
+            try:
+                shards = sorted(set(json.loads(file.read_text(encoding="utf-8"))["weight_map"].values()))
+            except (OSError, json.JSONDecodeError, KeyError, AttributeError) as err:
+                raise CheckpointError(f"cannot read the shard index {file} ({err})") from None
+            state: dict[str, torch.Tensor] = {}
+            for shard in shards:
+                state.update(read_weight_file(folder / shard, map_location))
+            return state
+        return read_weight_file(file, map_location)
+    raise CheckpointError(f"{folder} has config.json but no weights: expected one of {', '.join(HF_WEIGHT_FILES)}")
+
+
+def read_weight_file(file: Path, map_location="cpu") -> dict[str, torch.Tensor]:
+    if not file.is_file():
+        raise CheckpointError(f"weight file {file} is missing")
+    if file.suffix == ".safetensors":
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        device = map_location if isinstance(map_location, str) else str(torch.device(map_location))
+        try:
+            return load_file(file, device=device)
+        except (SafetensorError, OSError, RuntimeError, ValueError) as err:
+            raise CheckpointError(f"cannot read {file} ({first_line(err)}); it is truncated or corrupted") from None
+    state = safe_torch_load(file, map_location)
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise CheckpointError(f"{file} does not hold a state dict of tensors")
+    return state
+
+
+def read_hf_tokenizer(folder: Path) -> str | None:
+    """The folder's tokenizer as `tokenizers` JSON: tokenizer.json, else vocab.json + merges.txt."""
+    try:
+        if (folder / "tokenizer.json").is_file():
+            return (folder / "tokenizer.json").read_text(encoding="utf-8")
+        if (folder / "vocab.json").is_file() and (folder / "merges.txt").is_file():
+            vocab = json.loads((folder / "vocab.json").read_text(encoding="utf-8"))
+            merges = (folder / "merges.txt").read_text(encoding="utf-8").splitlines()
+            return byte_level_bpe_json(vocab, merges)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, ValueError) as err:
+        raise CheckpointError(f"cannot read the tokenizer files in {folder} ({err})") from None
+    return None

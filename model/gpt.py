@@ -8,7 +8,7 @@ linear weights transposed; `model.hf` handles that).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -29,12 +29,14 @@ class KVCache:
         shape = (batch_size, n_head, max_len, head_size)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.length = 0  # positions filled so far
 
     def update(self, start_pos: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write k, v (B, nh, T, hs) at positions start_pos.. and return all filled positions."""
         end = start_pos + k.size(2)
         self.k[:, :, start_pos:end] = k
         self.v[:, :, start_pos:end] = v
+        self.length = end
         return self.k[:, :, :end], self.v[:, :, :end]
 
 
@@ -225,6 +227,11 @@ class GPT(nn.Module):
         for block in self.transformer.h:
             block.attn.kv_cache = None
 
+    def cache_length(self) -> int:
+        """Positions the KV cache holds now (0 when there is no cache)."""
+        cache = self.transformer.h[0].attn.kv_cache
+        return 0 if cache is None else cache.length
+
     @torch.no_grad()
     def stream(
         self,
@@ -235,20 +242,27 @@ class GPT(nn.Module):
         top_p: float | None = None,
         use_cache: bool = True,
         generator: Generators = None,
+        stop_tokens: Iterable[int] | None = None,
     ) -> Iterator[torch.Tensor]:
-        """Yield the next token of every row, (B,), max_new_tokens times.
+        """Yield the next token of every row, (B,), at most max_new_tokens times.
 
         With the cache, the prompt runs once (prefill), then one token per step. Past block_size the
         window slides in jumps: when it is full, it restarts from its last block_size // 2 tokens
         (one prefill of those), because learned absolute positions do not let cached keys shift to
         new positions. Without the cache, every step runs the same window from scratch, so both
         modes see the same context at every step and greedy decoding gives the same tokens.
+
+        A row that has produced one of `stop_tokens` is finished: from then on it repeats that token
+        (its sampling generator still advances, which touches no other row), and the stream ends
+        as soon as every row is finished.
         """
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
         if idx.dim() != 2 or idx.size(1) == 0:
             raise ValueError("idx must be a (batch, tokens) tensor holding at least one token")
         check_sampling(temperature, top_k, top_p)
+        stops = torch.tensor(sorted(set(stop_tokens or ())), dtype=torch.long, device=idx.device)
+        finished_with = torch.full((idx.size(0),), -1, dtype=torch.long, device=idx.device)  # -1: still going
         block_size = self.config.block_size
         keep = max(1, block_size // 2)
         tokens = idx
@@ -267,8 +281,14 @@ class GPT(nn.Module):
                 else:
                     logits = self.last_logits(tokens[:, window_start:])
                 next_token = sample(logits, temperature, top_k, top_p, generator)
+                if stops.numel():
+                    done = finished_with >= 0
+                    next_token = torch.where(done, finished_with, next_token)
+                    finished_with = torch.where(~done & torch.isin(next_token, stops), next_token, finished_with)
                 tokens = torch.cat((tokens, next_token.unsqueeze(1)), dim=1)
                 yield next_token
+                if stops.numel() and bool((finished_with >= 0).all()):
+                    break
         finally:
             if use_cache:
                 self.clear_kv_cache()
@@ -283,16 +303,19 @@ class GPT(nn.Module):
         top_p: float | None = None,
         use_cache: bool = True,
         generator: Generators = None,
+        stop_tokens: Iterable[int] | None = None,
     ) -> torch.Tensor:
-        """idx (B, T) with max_new_tokens sampled tokens appended: (B, T + max_new_tokens)."""
-        new = list(self.stream(idx, max_new_tokens, temperature, top_k, top_p, use_cache, generator))
+        """idx (B, T) with the sampled tokens appended: (B, T + max_new_tokens), or fewer new
+        tokens when every row has stopped early at one of `stop_tokens` (see `stream`)."""
+        new = list(self.stream(idx, max_new_tokens, temperature, top_k, top_p, use_cache, generator, stop_tokens))
         return torch.cat((idx, torch.stack(new, dim=1)), dim=1)
 
     # ---- loading ---------------------------------------------------------------------------------
 
     @classmethod
     def from_checkpoint(cls, path, map_location="cpu") -> GPT:
-        """A model from a `.ckpt` file or a run folder, in eval mode."""
+        """A model in eval mode from a `.ckpt` file, a run folder, or a Hugging Face GPT-2 folder
+        (config.json + model.safetensors or pytorch_model.bin, e.g. one written by export.py)."""
         from .checkpoint import load_checkpoint
 
         return load_checkpoint(path, map_location=map_location).model

@@ -52,16 +52,24 @@ def sample(
     check_sampling(temperature, top_k, top_p)
     if temperature == 0:
         return logits.argmax(dim=-1)
+    return draw(probabilities(logits, temperature, top_k, top_p), generator)
+
+
+def probabilities(
+    logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None
+) -> torch.Tensor:
+    """The distribution (B, vocab) that sampling draws from: logits scaled by 1/temperature, cut to
+    the top k, then to the top p of what is left (renormalised), then softmax. temperature > 0."""
     logits = logits.float() / temperature
     if top_k is not None:
         logits = keep_top_k(logits, top_k)
     if top_p is not None and top_p < 1.0:
         logits = keep_top_p(logits, top_p)
-    return draw(torch.softmax(logits, dim=-1), generator)
+    return torch.softmax(logits, dim=-1)
 
 
 def check_sampling(temperature: float, top_k: int | None, top_p: float | None) -> None:
-    if temperature < 0:
+    if not temperature >= 0:  # NaN too
         raise ValueError(f"temperature must be 0 (greedy) or more, got {temperature}")
     if top_k is not None and top_k < 1:
         raise ValueError(f"top_k must be at least 1 (or None to switch it off), got {top_k}")

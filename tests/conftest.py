@@ -16,6 +16,7 @@ atexit.register(shutil.rmtree, _HF_CACHE, ignore_errors=True)
 os.environ["HF_DATASETS_CACHE"] = _HF_CACHE
 
 from .common import SHAKESPEARE
+from .tiny import tiny_gpt, tiny_run, tiny_text, tiny_tokenizer, transformers_folder  # noqa: F401  (shared fixtures)
 
 
 @pytest.fixture(scope="session")

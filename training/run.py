@@ -23,6 +23,7 @@ from model.checkpoint import CheckpointError
 
 from .checkpointing import AtomicCheckpointIO, GracefulStop, PeriodicCheckpoints, resume_checkpoint
 from .callbacks import LossCurve, ProgressBar, TextSamples, Throughput, ValidateAtEnd
+from .init_from import start_from
 from .loggers import build_loggers, finish_loggers
 from .module import GPTModule
 
@@ -171,7 +172,13 @@ def train(cfg: DictConfig, run_dir: str | os.PathLike) -> RunResult:
     precision = choose_precision(trainer_cfg.pop("precision", None))
     strategy = choose_strategy(trainer_cfg.pop("strategy", "auto"))
     trainer_cfg.pop("accumulate_grad_batches", None)  # set below, from tokens_per_step
-    datamodule = TextDataModule(cfg.data, cfg.tokenizer, cfg.model.block_size, cfg.seed, batches_for(trainer_cfg["max_steps"], 1))
+    start = start_from(cfg)  # init_from: the shape, weights and tokenizer to start from, or None
+    if start:
+        cfg = OmegaConf.merge(cfg, {"model": start.config.to_dict()})  # its shape is the run's shape
+    datamodule = TextDataModule(
+        cfg.data, cfg.tokenizer, cfg.model.block_size, cfg.seed, batches_for(trainer_cfg["max_steps"], 1),
+        tokenizer=start.tokenizer if start else None,
+    )
     datamodule.prepare()
     gpt_config = model_config(cfg, datamodule.vocab_size)
 
@@ -189,6 +196,9 @@ def train(cfg: DictConfig, run_dir: str | os.PathLike) -> RunResult:
         tokenizer_json=datamodule.tokenizer_json,
         run_config=resolved,
     )
+    if start:
+        module.model.load_state_dict(start.state)
+        log.info("starting from the weights of %s", start.source)
     if cfg.get("compile"):
         module.model.compile()  # compiles in place: the state dict keeps its plain names
 

@@ -1,0 +1,68 @@
+"""A picture of one layer's attention: one heatmap per head, tokens as axis labels."""
+
+from __future__ import annotations
+
+import math
+import os
+import warnings
+from pathlib import Path
+
+import torch
+
+MAX_LABELS = 96  # beyond this many tokens, label every n-th one so the labels stay legible
+
+
+def save_attention_png(
+    weights: torch.Tensor, labels: list[str], path: str | Path, title: str = "", prompt_len: int | None = None
+) -> Path:
+    """Write weights (n_head, T, T) as a PNG: row = the token attending (query), column = the token
+    attended to (key). A dashed line marks where the prompt ends. The file appears complete or not
+    at all (written aside, then renamed)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    n_head, T, _ = weights.shape
+    if len(labels) != T:
+        raise ValueError(f"{len(labels)} labels for {T} tokens")
+    cols = math.ceil(math.sqrt(n_head))
+    rows = math.ceil(n_head / cols)
+    panel = min(8.0, max(3.0, 0.12 * T))  # inches per heatmap
+    fontsize = max(3.0, min(8.0, 500 / (T * cols)))
+    step = math.ceil(T / MAX_LABELS)
+    ticks = list(range(0, T, step))
+    tick_labels = [labels[i].replace("$", r"\$") for i in ticks]  # `$` would start matplotlib's math mode
+
+    figure = Figure(figsize=(cols * panel + 1.0, rows * panel + 0.8), layout="constrained")
+    FigureCanvasAgg(figure)
+    axes = figure.subplots(rows, cols, squeeze=False)
+    values = weights.detach().float().cpu().numpy()
+    vmax = float(values.max()) or 1.0
+    image = None
+    for h, ax in enumerate(axes.flat):
+        if h >= n_head:
+            ax.axis("off")
+            continue
+        image = ax.imshow(values[h], cmap="viridis", vmin=0.0, vmax=vmax, interpolation="nearest")
+        ax.set_title(f"head {h}", fontsize=9)
+        ax.set_xticks(ticks, tick_labels, rotation=90, fontsize=fontsize)
+        ax.set_yticks(ticks, tick_labels, fontsize=fontsize)
+        if prompt_len is not None and 0 < prompt_len < T:
+            for line in (ax.axvline, ax.axhline):
+                line(prompt_len - 0.5, color="white", linewidth=0.6, linestyle="--")
+    if image is not None:
+        figure.colorbar(image, ax=axes.ravel().tolist(), shrink=0.6, label="attention weight")
+    figure.suptitle(title or "attention weights (row: query token, column: key token)", fontsize=10)
+    figure.supxlabel("attended to (key)", fontsize=9)
+    figure.supylabel("attending (query)", fontsize=9)
+
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    try:
+        with open(tmp, "wb") as out, warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # glyphs missing from the font: the label shows a box instead
+            figure.savefig(out, format="png", dpi=150)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path

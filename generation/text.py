@@ -1,0 +1,88 @@
+"""From token ids to printable text, one token at a time.
+
+Byte-level BPE splits a character such as "é" or "🙂" over several tokens; `DecodeStream` gives text
+only once a character is complete, so what is printed is always whole characters. Stop strings are
+looked for in the generated text; text that could still turn into one is held back until it is
+clear, so a stop string is never printed, not even in part.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from tokenizers import Tokenizer
+from tokenizers.decoders import DecodeStream
+
+
+class StopStrings:
+    """Cuts streamed text at the first occurrence of any of the stop strings."""
+
+    def __init__(self, stops: Iterable[str] = ()):
+        self.stops = [s for s in stops if s]
+        self.pending = ""  # text that may be the beginning of a stop string
+        self.stopped = False
+
+    def feed(self, text: str) -> str:
+        """The part of text (plus what was held back) that is surely before any stop string."""
+        if self.stopped:
+            return ""
+        self.pending += text
+        found = [i for i in (self.pending.find(s) for s in self.stops) if i >= 0]
+        if found:
+            self.stopped = True
+            out, self.pending = self.pending[: min(found)], ""
+            return out
+        hold = max((self.partial_match(stop) for stop in self.stops), default=0)
+        out, self.pending = self.pending[: len(self.pending) - hold], self.pending[len(self.pending) - hold :]
+        return out
+
+    def partial_match(self, stop: str) -> int:
+        """Length of the longest end of the pending text that begins `stop`."""
+        for n in range(min(len(stop) - 1, len(self.pending)), 0, -1):
+            if self.pending.endswith(stop[:n]):
+                return n
+        return 0
+
+    def flush(self) -> str:
+        """What was held back, once no more text will come."""
+        out, self.pending = ("" if self.stopped else self.pending), ""
+        return out
+
+
+class TextStream:
+    """Token ids in, whole characters out, up to the first stop string."""
+
+    def __init__(self, tokenizer: Tokenizer, stop_strings: Iterable[str] = ()):
+        self.tokenizer = tokenizer
+        self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+        self.decoder = DecodeStream(skip_special_tokens=True)
+        self.stops = StopStrings(stop_strings)
+        self.text = ""  # everything given out so far
+
+    @property
+    def stopped(self) -> bool:
+        """True once a stop string has appeared."""
+        return self.stops.stopped
+
+    def add(self, token: int) -> str:
+        """The new printable text after one more token ("" while a character is incomplete)."""
+        if self.stopped or not 0 <= token < self.vocab_size:  # ids past the tokenizer: padding rows of wte
+            return ""
+        out = self.stops.feed(self.decoder.step(self.tokenizer, token) or "")
+        self.text += out
+        return out
+
+    def finish(self) -> str:
+        """Text held back for a possible stop string, given out at the end."""
+        out = self.stops.flush()
+        self.text += out
+        return out
+
+
+def token_label(tokenizer: Tokenizer, token: int) -> str:
+    """A short readable label for one token: its text with spaces and line breaks made visible,
+    or its vocabulary entry when it is only part of a character."""
+    text = tokenizer.decode([token], skip_special_tokens=False)
+    if not text or "\ufffd" in text:
+        text = tokenizer.id_to_token(token) or f"<{token}>"
+    return text.replace("\n", "\\n").replace("\t", "\\t").replace(" ", "\u2423")

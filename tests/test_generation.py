@@ -1,0 +1,240 @@
+"""generate.py and what it is made of: batches, stop tokens and strings, streaming UTF-8, the
+sliding window, the attention picture, the interactive loop and the summary."""
+
+from __future__ import annotations
+
+import io
+import re
+import sys
+
+import pytest
+import torch
+from matplotlib.image import imread
+
+import generate
+from generation.attention_plot import save_attention_png
+from generation.text import StopStrings, TextStream
+
+HEADER = re.compile(r"^-{20} sample (\d+) \(seed (\d+)\) -{20}\n", re.MULTILINE)
+
+
+def cli(capsys, *args: str) -> tuple[int, str, str]:
+    code = generate.main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def samples_of(batch_output: str) -> list[str]:
+    """The text of each sample in a batch's output (prompt included, closing newline removed)."""
+    parts = HEADER.split(batch_output)[1:]  # seq, seed, text, seq, seed, text, ...
+    return [text[:-1] for text in parts[2::3]]
+
+
+# ---- batches and seeds ---------------------------------------------------------------------------------
+
+
+def test_batched_rows_equal_single_runs_with_the_same_seeds(tiny_gpt):
+    idx = torch.tensor([[5, 9, 14, 20]])
+    settings = dict(temperature=0.9, top_k=40, top_p=0.95)
+    batch = tiny_gpt.generate(idx.repeat(4, 1), 50, generator=[torch.Generator().manual_seed(7 + i) for i in range(4)], **settings)
+    for i in range(4):
+        single = tiny_gpt.generate(idx, 50, generator=[torch.Generator().manual_seed(7 + i)], **settings)
+        assert torch.equal(batch[i], single[0])
+    assert len({tuple(row.tolist()) for row in batch}) == 4  # different seeds, different samples
+
+
+def test_num_samples_run_as_one_batch_through_one_cache(tiny_run, tiny_gpt, capsys, monkeypatch):
+    batch_sizes = []
+    real_set_kv_cache = type(tiny_gpt).set_kv_cache
+    monkeypatch.setattr(type(tiny_gpt), "set_kv_cache", lambda self, b, *a, **k: (batch_sizes.append(b), real_set_kv_cache(self, b, *a, **k)))
+    code, out, _ = cli(capsys, "--ckpt", tiny_run, "--prompt", "ROMEO:", "--num-samples", 3, "--seed", 5, "--max-new-tokens", 40)
+    assert code == 0 and batch_sizes == [3]  # one cache, for a batch of three
+    texts = samples_of(out)
+    assert len(texts) == 3 and len(set(texts)) == 3
+    for i, text in enumerate(texts):
+        code, single, _ = cli(capsys, "--ckpt", tiny_run, "--prompt", "ROMEO:", "--seed", 5 + i, "--max-new-tokens", 40)
+        assert code == 0 and single == text + "\n"
+
+
+def test_sampling_options_change_the_text_and_the_seed_repeats_it(tiny_run, capsys):
+    base = ["--ckpt", tiny_run, "--prompt", "ROMEO:", "--max-new-tokens", 30]
+    runs = {
+        name: cli(capsys, *base, *extra)[1]
+        for name, extra in {
+            "default": [],
+            "again": [],
+            "seed": ["--seed", 99],
+            "greedy": ["--temperature", 0],
+            "greedy2": ["--temperature", 0, "--seed", 99],
+            "top-k-1": ["--top-k", 1, "--temperature", 1.5],
+            "combined": ["--top-k", 10, "--top-p", 0.8, "--temperature", 1.2],
+        }.items()
+    }
+    assert runs["default"] == runs["again"] != runs["seed"]
+    assert runs["greedy"] == runs["greedy2"] == runs["top-k-1"]  # top-k 1 is greedy at any temperature
+    assert runs["combined"] not in (runs["default"], runs["greedy"])
+
+
+# ---- stopping -------------------------------------------------------------------------------------------
+
+
+def test_stop_tokens_end_each_row_and_the_stream(tiny_gpt):
+    idx = torch.tensor([[5, 9, 14, 20]])
+    free = tiny_gpt.generate(idx, 20, temperature=0)[0, 4:].tolist()
+    stop = free[6]
+    first = free.index(stop)
+    out = tiny_gpt.generate(idx, 20, temperature=0, stop_tokens=[stop])
+    assert out[0, 4:].tolist() == free[: first + 1]  # ends right after the stop token
+
+    gens = [torch.Generator().manual_seed(i) for i in range(3)]
+    rows = tiny_gpt.generate(idx.repeat(3, 1), 60, temperature=1.0, generator=gens, stop_tokens=[stop, free[2]])
+    for row in rows[:, 4:].tolist():
+        hits = [i for i, t in enumerate(row) if t in (stop, free[2])]
+        if hits:  # after its stop token a finished row only repeats it
+            assert set(row[hits[0] :]) == {row[hits[0]]}
+
+
+def test_stop_strings_cut_before_the_string_even_across_pieces():
+    stops = StopStrings(["\n\n", "END"])
+    pieces = ["Hello", " wor", "ld\n", "\nmore text"]
+    assert "".join(stops.feed(p) for p in pieces) == "Hello world"
+    assert stops.stopped and stops.feed("anything") == "" and stops.flush() == ""
+
+    stops = StopStrings(["END"])
+    assert stops.feed("the EN") == "the "  # "EN" may become "END": held back
+    assert stops.feed("D is near") == "" and stops.stopped
+
+    stops = StopStrings(["END"])
+    assert stops.feed("E") == "" and stops.feed("NTER") == "ENTER"  # it did not become a stop string
+    assert stops.feed("ing E") == "ing " and stops.flush() == "E"  # held text comes out at the end
+
+    stops = StopStrings(["c", "ab"])
+    assert stops.feed("xxabc") == "xx"  # the earliest stop string in the text wins, whatever the order given
+
+
+def test_generate_py_stops_at_a_stop_string(tiny_run, capsys):
+    code, free, _ = cli(capsys, "--ckpt", tiny_run, "--prompt", "ROMEO:", "--max-new-tokens", 60, "--temperature", 0)
+    generated = free[len("ROMEO:") : -1]
+    stop = generated[5:8]
+    assert code == 0 and len(generated) > 12 and stop.strip()
+    code, out, err = cli(capsys, "--ckpt", tiny_run, "--prompt", "ROMEO:", "--max-new-tokens", 60, "--temperature", 0, "--stop", stop)
+    assert out == "ROMEO:" + generated[: generated.index(stop)] + "\n"
+    tokens = int(re.search(r"\[(\d+) tokens generated", err).group(1))
+    assert tokens < 60  # generation ended there, not at --max-new-tokens
+
+
+# ---- streaming text -------------------------------------------------------------------------------------
+
+
+def test_streaming_gives_whole_characters_when_one_spans_several_tokens(tiny_tokenizer):
+    text = "Café → 🙂 naïve ROMEO"
+    ids = tiny_tokenizer.encode(text).ids
+    assert len(ids) > len(text.split())  # the accented letters and symbols take several byte tokens each
+    stream = TextStream(tiny_tokenizer)
+    pieces = [stream.add(token) for token in ids]
+    assert "".join(pieces) + stream.finish() == text == stream.text
+    assert "" in pieces  # at least one token completed no character by itself ...
+    assert all("\ufffd" not in piece for piece in pieces)  # ... and no broken character was ever given out
+    assert "🙂" in pieces  # the 4-byte character came out whole, in one piece
+
+
+def test_streaming_with_a_multibyte_stop_string(tiny_tokenizer):
+    stream = TextStream(tiny_tokenizer, stop_strings=["→"])
+    for token in tiny_tokenizer.encode("Café → 🙂").ids:
+        stream.add(token)
+    assert stream.stopped and stream.text + stream.finish() == "Café "
+
+
+def test_generate_py_prints_a_multibyte_prompt_and_text_that_decodes(tiny_run, capsys):
+    code, out, _ = cli(capsys, "--ckpt", tiny_run, "--prompt", "Café → ", "--max-new-tokens", 40, "--seed", 3)
+    assert code == 0 and out.startswith("Café → ") and "\ufffd" not in out[:7]
+
+
+# ---- the window slides ----------------------------------------------------------------------------------
+
+
+def test_generation_goes_on_past_the_context_window(tiny_gpt):
+    block = tiny_gpt.config.block_size
+    idx = torch.tensor([[5, 9, 14, 20]])
+    lengths = []
+    for _ in tiny_gpt.stream(idx, 3 * block, temperature=1.0, generator=torch.Generator().manual_seed(0)):
+        lengths.append(tiny_gpt.cache_length())
+    assert len(lengths) == 3 * block
+    assert max(lengths) == block and min(lengths[block:]) == block // 2  # full, then restarted from half
+    cached = tiny_gpt.generate(idx, 3 * block, temperature=0)
+    assert torch.equal(cached, tiny_gpt.generate(idx, 3 * block, temperature=0, use_cache=False))
+
+
+def test_generate_py_runs_past_the_window_with_and_without_cache(tiny_run, capsys):
+    args = ["--ckpt", tiny_run, "--prompt", "ROMEO:", "--max-new-tokens", 100, "--temperature", 0]
+    code, cached, err = cli(capsys, *args)
+    assert code == 0 and "[100 tokens generated" in err and "KV cache" in err
+    code, uncached, err = cli(capsys, *args, "--no-cache")
+    assert code == 0 and cached == uncached and "no cache" in err
+
+
+def test_summary_names_tokens_speed_prompt_and_cache(tiny_run, capsys):
+    code, _, err = cli(capsys, "--ckpt", tiny_run, "--prompt", "ROMEO:", "--max-new-tokens", 10)
+    summary = err.strip().splitlines()[-1]
+    match = re.fullmatch(
+        r"\[(\d+) tokens generated \(1 sample\(s\)\) in [\d.]+s, [\d.]+ tokens/s; prompt (\d+) tokens; "
+        r"KV cache (\d+)/32 positions; .*last\.ckpt\]",
+        summary,
+    )
+    assert code == 0 and match, summary
+    prompt_tokens = int(match.group(2))
+    assert int(match.group(1)) == 10 and prompt_tokens >= 2
+    assert int(match.group(3)) == prompt_tokens + 9  # the prompt and every token fed back so far
+
+
+# ---- the attention picture ------------------------------------------------------------------------------
+
+
+def test_attention_png_is_written_with_one_heatmap_per_head(tiny_run, tmp_path, capsys):
+    png = tmp_path / "pictures" / "attention.png"
+    code, _, err = cli(capsys, "--ckpt", tiny_run, "--prompt", "ROMEO: my $5", "--max-new-tokens", 12, "--attention-png", png)
+    assert code == 0 and "attention of the last layer written to" in err
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    image = imread(png)
+    assert image.shape[0] > 500 and image.shape[1] > 500
+    assert image[..., :3].std() > 0.05  # a picture, not a blank canvas
+    assert not list(png.parent.glob(".*partial"))  # no half-written file left beside it
+
+
+def test_attention_png_crops_to_the_context_window(tiny_run, tmp_path, capsys):
+    png = tmp_path / "long.png"
+    code, _, err = cli(capsys, "--ckpt", tiny_run, "--prompt", "ROMEO:", "--max-new-tokens", 50, "--attention-png", png)
+    assert code == 0 and png.stat().st_size > 10_000 and "the last 32 of" in err
+
+
+def test_attention_plot_draws_what_it_is_given(tmp_path):
+    weights = torch.softmax(torch.randn(3, 5, 5).tril() * 4, dim=-1)
+    path = save_attention_png(weights, ["a", "b", "c", "d", "e"], tmp_path / "w.png", prompt_len=2)
+    assert path.stat().st_size > 5_000
+    with pytest.raises(ValueError, match="labels"):
+        save_attention_png(weights, ["a"], tmp_path / "x.png")
+    assert not (tmp_path / "x.png").exists()
+
+
+# ---- interactive ----------------------------------------------------------------------------------------
+
+
+def test_interactive_answers_each_prompt_with_the_model_loaded_once(tiny_run, capsys, monkeypatch):
+    loads = []
+    real_load = generate.load_checkpoint
+    monkeypatch.setattr(generate, "load_checkpoint", lambda path: (loads.append(path), real_load(path))[1])
+    typed = "ROMEO:\n\nJULIET:\\nO\n"
+    args = ["--ckpt", tiny_run, "--max-new-tokens", 15, "--seed", 4]
+    monkeypatch.setattr(sys, "stdin", io.StringIO(typed))
+    code, out, err = cli(capsys, *args, "--interactive", "--prompt", "ROMEO:")
+    assert code == 0 and len(loads) == 1
+    assert err.count("tokens generated") == 3  # --prompt, then two lines; the empty line was skipped
+
+    first = cli(capsys, *args, "--prompt", "ROMEO:")[1]
+    assert out.startswith(first)  # the first answer is what a one-off run prints
+    second, third = out[len(first) :].split("JULIET:\nO")  # `\n` typed is a line break
+    assert second.startswith("ROMEO:") and second != first  # the same prompt again: a new sample
+    assert third
+
+    monkeypatch.setattr(sys, "stdin", io.StringIO(typed))
+    assert cli(capsys, *args, "--interactive", "--prompt", "ROMEO:")[1] == out  # the session repeats

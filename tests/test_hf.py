@@ -1,0 +1,227 @@
+"""Weights to and from Hugging Face: export.py, loading folders written by transformers, greedy
+parity with transformers' own generate, and refusing checkpoints that carry pickled code."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+
+import pytest
+import torch
+import transformers
+from tokenizers import Tokenizer
+
+import export
+import generate
+from model import GPT
+from model.checkpoint import CheckpointError, load_checkpoint
+from model.hf import from_hf_state_dict
+
+from .tiny import EOT, train_tiny_gpt, write_checkpoint
+
+transformers.utils.logging.set_verbosity_error()
+transformers.utils.logging.disable_progress_bar()
+
+
+def shakespeare_ids(tokenizer: Tokenizer, text: str, n: int, offset: int = 1000) -> torch.Tensor:
+    return torch.tensor([tokenizer.encode(text[offset : offset + 20 * n]).ids[:n]])
+
+
+def assert_same_state(a: GPT, b: GPT) -> None:
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa.keys() == sb.keys()
+    for key in sa:
+        assert torch.equal(sa[key], sb[key]), key
+
+
+# ---- export --------------------------------------------------------------------------------------------
+
+
+def test_export_round_trip_with_the_parity_check(tiny_run, tiny_gpt, tiny_tokenizer, tiny_text, tmp_path, capsys):
+    out = tmp_path / "exported"
+    assert export.main(["--ckpt", str(tiny_run), "--out", str(out)]) == 0
+    stdout = capsys.readouterr().out
+    difference = float(re.search(r"largest logit difference (\S+) over", stdout).group(1))
+    assert difference <= 1e-4
+    assert sorted(p.name for p in out.iterdir()) == sorted(export.FILES)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["exported"]  # nothing left beside it
+
+    # transformers alone reads it: same logits, same tokens
+    hf = transformers.GPT2LMHeadModel.from_pretrained(out).eval()
+    hf_tokenizer = transformers.AutoTokenizer.from_pretrained(out)
+    idx = shakespeare_ids(tiny_tokenizer, tiny_text, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(hf(idx).logits, tiny_gpt(idx)[0], rtol=0, atol=1e-5)
+    sample = tiny_text[5000:6000]
+    assert hf_tokenizer(sample)["input_ids"] == tiny_tokenizer.encode(sample).ids
+    assert hf_tokenizer.decode(tiny_tokenizer.encode(sample).ids) == sample
+    assert hf_tokenizer.eos_token == EOT and hf_tokenizer.eos_token_id == tiny_tokenizer.token_to_id(EOT)
+
+    # and back: the very same weights and tokenizer
+    loaded = load_checkpoint(out)
+    assert_same_state(loaded.model, tiny_gpt)
+    assert loaded.model.config == tiny_gpt.config and not loaded.model.training
+    assert Tokenizer.from_str(loaded.tokenizer_json).encode(sample).ids == tiny_tokenizer.encode(sample).ids
+
+
+def test_the_parity_check_catches_different_numbers(tiny_run, tiny_tokenizer, tiny_text, tmp_path, capsys):
+    out = tmp_path / "exported"
+    assert export.main(["--ckpt", str(tiny_run), "--out", str(out)]) == 0
+    other = train_tiny_gpt(tiny_tokenizer, tiny_text, steps=2, seed=1)
+    difference, count = export.compare_logits(out, other, tiny_tokenizer)
+    assert count == 32 and difference > 1e-2
+
+
+def test_export_replaces_an_earlier_export_only_with_force(tiny_run, tmp_path, capsys):
+    out = tmp_path / "exported"
+    assert export.main(["--ckpt", str(tiny_run), "--out", str(out)]) == 0
+    (out / "stale.txt").write_text("from before")
+    assert export.main(["--ckpt", str(tiny_run), "--out", str(out)]) == 1
+    assert "--force" in capsys.readouterr().err and (out / "stale.txt").exists()
+    assert export.main(["--ckpt", str(tiny_run), "--out", str(out), "--force"]) == 0
+    assert sorted(p.name for p in out.iterdir()) == sorted(export.FILES)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["exported"]
+
+
+def test_a_model_without_biases_exports_with_zero_biases(tiny_tokenizer, tiny_text, tmp_path, capsys):
+    gpt = train_tiny_gpt(tiny_tokenizer, tiny_text, steps=20, bias=False)
+    ckpt = write_checkpoint(tmp_path / "nobias.ckpt", gpt, tiny_tokenizer)
+    out = tmp_path / "exported"
+    assert export.main(["--ckpt", str(ckpt), "--out", str(out)]) == 0
+    assert "no biases" in capsys.readouterr().out
+    hf = transformers.GPT2LMHeadModel.from_pretrained(out).eval()
+    assert torch.all(hf.transformer.h[0].attn.c_attn.bias == 0) and torch.all(hf.transformer.ln_f.bias == 0)
+    idx = shakespeare_ids(tiny_tokenizer, tiny_text, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(hf(idx).logits, gpt(idx)[0], rtol=0, atol=1e-5)
+
+
+# ---- folders written by transformers -------------------------------------------------------------------
+
+
+def test_from_checkpoint_reads_a_folder_saved_by_transformers(transformers_folder, tiny_gpt, tiny_tokenizer, tiny_text):
+    gpt = GPT.from_checkpoint(transformers_folder)
+    assert not gpt.training and gpt.config.n_layer == 2 and gpt.config.block_size == 32
+    hf = transformers.GPT2LMHeadModel.from_pretrained(transformers_folder).eval()
+    idx = shakespeare_ids(tiny_tokenizer, tiny_text, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(gpt(idx)[0], hf(idx).logits, rtol=0, atol=1e-5)
+    assert_same_state(gpt, tiny_gpt)
+
+
+def test_greedy_generation_equals_transformers_generate(transformers_folder, tiny_tokenizer, capsys):
+    gpt = GPT.from_checkpoint(transformers_folder)
+    hf = transformers.GPT2LMHeadModel.from_pretrained(transformers_folder).eval()
+    hf_tokenizer = transformers.AutoTokenizer.from_pretrained(transformers_folder)
+    eot = tiny_tokenizer.token_to_id(EOT)
+    generated = set()
+    for prompt in ("ROMEO:", "First Citizen:\nWe are", "KING HENRY"):
+        idx = torch.tensor([hf_tokenizer(prompt)["input_ids"]])
+        new = gpt.config.block_size - idx.size(1)  # transformers stops at the context length
+        ours = gpt.generate(idx, new, temperature=0, stop_tokens=[eot])
+        with torch.no_grad():
+            theirs = hf.generate(idx, max_new_tokens=new, do_sample=False, pad_token_id=eot)
+        assert ours.tolist() == theirs.tolist(), prompt
+        generated |= set(ours[0, idx.size(1) :].tolist())
+
+        code = generate.main(["--ckpt", str(transformers_folder), "--prompt", prompt, "--temperature", "0", "--max-new-tokens", str(new)])
+        out = capsys.readouterr().out
+        assert code == 0 and out == hf_tokenizer.decode(theirs[0], skip_special_tokens=True) + "\n"
+    assert len(generated) > 5  # varied tokens, not one repeated: the comparison has something to compare
+
+
+def test_gpt2_folders_with_only_vocab_and_merges_and_a_bin_file(transformers_folder, tiny_gpt, tiny_tokenizer, tiny_text, tmp_path):
+    """The layout of the original GPT-2 release: pytorch_model.bin with keys lacking `transformer.`,
+    causal-mask buffers, and the tokenizer as vocab.json + merges.txt."""
+    folder = tmp_path / "gpt2-like"
+    folder.mkdir()
+    shutil.copy(transformers_folder / "config.json", folder)
+    hf = transformers.GPT2LMHeadModel.from_pretrained(transformers_folder)
+    state = {k.removeprefix("transformer."): v for k, v in hf.state_dict().items() if k != "lm_head.weight"}
+    for i in range(2):
+        state[f"h.{i}.attn.bias"] = torch.tril(torch.ones(1, 1, 32, 32))
+    torch.save(state, folder / "pytorch_model.bin")
+    tiny_tokenizer.model.save(str(folder))  # vocab.json and merges.txt
+    assert {"vocab.json", "merges.txt"} <= {p.name for p in folder.iterdir()} and not (folder / "tokenizer.json").exists()
+
+    loaded = load_checkpoint(folder)
+    assert_same_state(loaded.model, tiny_gpt)
+    tokenizer = Tokenizer.from_str(loaded.tokenizer_json)
+    sample = tiny_text[:3000] + EOT + " café → 🙂"
+    assert tokenizer.encode(sample).ids == tiny_tokenizer.encode(sample).ids
+    assert tokenizer.decode(tokenizer.encode(sample).ids) == tiny_tokenizer.decode(tiny_tokenizer.encode(sample).ids)
+    assert tokenizer.token_to_id(EOT) == tiny_tokenizer.token_to_id(EOT)
+
+
+def test_sharded_weights_are_read_whole(transformers_folder, tiny_gpt, tmp_path):
+    folder = tmp_path / "sharded"
+    transformers.GPT2LMHeadModel.from_pretrained(transformers_folder).save_pretrained(folder, max_shard_size="40KB")
+    shutil.copy(transformers_folder / "tokenizer.json", folder)
+    assert (folder / "model.safetensors.index.json").is_file() and len(list(folder.glob("model-*.safetensors"))) > 1
+    assert_same_state(load_checkpoint(folder).model, tiny_gpt)
+
+
+def test_folders_tinygpt2_cannot_represent_are_refused(transformers_folder, tmp_path):
+    folder = tmp_path / "relu"
+    shutil.copytree(transformers_folder, folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "activation_function": "relu"}))
+    with pytest.raises(CheckpointError, match="activation_function is 'relu'"):
+        load_checkpoint(folder)
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "model.safetensors").write_bytes((folder / "model.safetensors").read_bytes()[:1000])
+    with pytest.raises(CheckpointError, match="truncated or corrupted"):
+        load_checkpoint(folder)
+    (folder / "model.safetensors").unlink()
+    with pytest.raises(CheckpointError, match="no weights"):
+        load_checkpoint(folder)
+
+
+def test_untied_output_layers_are_refused():
+    state = {"transformer.wte.weight": torch.zeros(4, 2), "lm_head.weight": torch.ones(4, 2)}
+    with pytest.raises(ValueError, match="not tied"):
+        from_hf_state_dict(state)
+
+
+# ---- pickled code is never run --------------------------------------------------------------------------
+
+
+class Payload:
+    """Unpickling this calls open(path, "w"): the file appearing means the pickle ran code."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def test_a_checkpoint_carrying_a_pickle_payload_is_refused_and_the_payload_never_runs(tiny_run, tmp_path, capsys):
+    ckpt = torch.load(tiny_run / "checkpoints" / "last.ckpt", weights_only=True)
+    marker = tmp_path / "payload_ran"
+    evil = tmp_path / "evil.ckpt"
+    torch.save({**ckpt, "extra": Payload(marker)}, evil)
+    legacy = tmp_path / "evil_legacy.ckpt"
+    torch.save({**ckpt, "extra": Payload(marker)}, legacy, _use_new_zipfile_serialization=False)
+
+    for path in (evil, legacy):
+        with pytest.raises(CheckpointError, match=r"refused to load .*\(io\.open\)"):
+            GPT.from_checkpoint(path)
+        assert generate.main(["--ckpt", str(path), "--prompt", "ROMEO:"]) == 1
+        assert "refused to load" in capsys.readouterr().err
+        assert export.main(["--ckpt", str(path), "--out", str(tmp_path / "out")]) == 1
+        assert "refused to load" in capsys.readouterr().err
+    hf_folder = tmp_path / "evil_hf"
+    hf_folder.mkdir()
+    (hf_folder / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_layer": 1, "n_head": 1, "n_embd": 4, "n_positions": 4, "vocab_size": 8}))
+    torch.save({"wte.weight": torch.zeros(8, 4), "extra": Payload(marker)}, hf_folder / "pytorch_model.bin")
+    with pytest.raises(CheckpointError, match="refused to load"):
+        GPT.from_checkpoint(hf_folder)
+    assert not marker.exists() and not (tmp_path / "out").exists()
+
+    # the same file loaded the unsafe way does run it: the test above could have failed
+    control = tmp_path / "control.pkl"
+    torch.save({"extra": Payload(tmp_path / "control_ran")}, control)
+    torch.load(control, weights_only=False)
+    assert (tmp_path / "control_ran").exists()

@@ -1,0 +1,99 @@
+"""Starting a run from existing weights: `python train.py init_from=PATH`.
+
+PATH is a tinygpt2 checkpoint or run folder, or a Hugging Face GPT-2 folder (one written by
+export.py, or by transformers). The run keeps that model's tokenizer and its shape; model settings
+given on the command line may change what does not touch the weights (`dropout`, `attention`) and
+may shorten `block_size` (the position table is cropped), but a shape that contradicts the
+checkpoint is refused, naming both values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer
+
+from model import ConfigError, GPTConfig
+from model.checkpoint import CheckpointError, read_weights
+
+SHAPE_KEYS = ("n_layer", "n_head", "n_embd", "vocab_size", "bias")  # fixed by the weights
+
+
+@dataclass
+class Start:
+    """What a run starts from: the model's shape, its weights and its tokenizer."""
+
+    config: GPTConfig
+    state: dict[str, torch.Tensor]
+    tokenizer: Tokenizer
+    source: Path
+
+
+def model_keys_in(overrides: Iterable[str], model_cfg) -> set[str]:
+    """The `model` settings that command-line overrides name (`model=preset` names all of them)."""
+    keys: set[str] = set()
+    for item in overrides:
+        key = item.split("=", 1)[0].lstrip("+~")
+        if key == "model":
+            keys |= set(model_cfg)
+        elif key.startswith("model."):
+            keys.add(key.split(".", 1)[1])
+    return keys
+
+
+def command_line_model_keys(model_cfg) -> set[str]:
+    """The `model` settings given on this run's command line; none when not run through Hydra."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return set()
+    return model_keys_in(HydraConfig.get().overrides.task, model_cfg)
+
+
+def reconcile(saved: GPTConfig, requested, asked: set[str], source: Path) -> GPTConfig:
+    """The checkpoint's config with the settings the user asked for, where they are compatible."""
+    values = saved.to_dict()
+    for key in sorted(asked, key=lambda k: (k not in SHAPE_KEYS, k)):  # shape conflicts first
+        want = requested.get(key)
+        if key not in values or want is None:
+            continue
+        have = values[key]
+        if key in SHAPE_KEYS and want != have:
+            raise ConfigError(
+                f"model.{key}={want} contradicts init_from={source}, whose {key} is {have}; "
+                f"the shape comes from the checkpoint, so leave model.{key} out"
+            )
+        if key == "block_size" and want > have:
+            raise ConfigError(
+                f"model.block_size={want} is more than the {have} positions init_from={source} has; use {have} or less"
+            )
+        values[key] = want
+    return GPTConfig.from_dict(values)
+
+
+def start_from(cfg, asked: set[str] | None = None) -> Start | None:
+    """The weights, shape and tokenizer of `cfg.init_from`, or None when it is not set.
+
+    `asked`: the model settings the user gave (default: read from Hydra's command line).
+    """
+    path = cfg.get("init_from")
+    if not path:
+        return None
+    weights = read_weights(path)
+    if weights.tokenizer_json is None:
+        raise CheckpointError(f"init_from={path} carries no tokenizer; training needs the one its weights learned with")
+    asked = command_line_model_keys(cfg.model) if asked is None else asked
+    config = reconcile(weights.config, cfg.model, asked, weights.path)
+    state = dict(weights.state)
+    if config.block_size < weights.config.block_size:  # a shorter context needs fewer positions
+        state["transformer.wpe.weight"] = state["transformer.wpe.weight"][: config.block_size].clone()
+    tokenizer = Tokenizer.from_str(weights.tokenizer_json)
+    if tokenizer.get_vocab_size() > config.vocab_size:
+        raise CheckpointError(
+            f"init_from={path}: its tokenizer has {tokenizer.get_vocab_size()} tokens but the model only "
+            f"{config.vocab_size}; the files do not belong together"
+        )
+    return Start(config, state, tokenizer, weights.path)
