@@ -34,6 +34,19 @@ def test_schedules_after_warmup(schedule):
     assert lr_factor(500, 10, 110, 0.1, schedule) == pytest.approx(0.1)  # stays at the floor
 
 
+def test_time_budget_schedule_decays_over_the_time_not_the_steps(monkeypatch):
+    import training.optim as optim
+
+    clock = [100.0]
+    monkeypatch.setattr(optim.time, "monotonic", lambda: clock[0])
+    factor = optim.TimeBudgetSchedule(seconds=60, warmup_steps=2, min_lr_ratio=0.1, schedule="linear")
+    assert [factor(0), factor(1)] == [0.5, 1.0]  # warmup counts steps
+    clock[0] += 30  # half the budget spent, at whatever step
+    assert factor(7) == pytest.approx(0.55)
+    clock[0] += 60  # past the budget: the floor
+    assert factor(8) == pytest.approx(0.1)
+
+
 def test_unknown_schedule_is_refused():
     with pytest.raises(ValueError, match="schedule"):
         lr_factor(0, 0, 10, 0.1, "step")

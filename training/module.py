@@ -15,7 +15,7 @@ from model import GPT, GPTConfig
 from model.checkpoint import META_KEY
 
 from . import failpoints
-from .optim import lr_factor, make_adamw
+from .optim import TimeBudgetSchedule, lr_factor, make_adamw
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +35,10 @@ class GPTModule(L.LightningModule):
         val_tokens_per_char: float,
         tokenizer_json: str | None = None,
         run_config: dict[str, Any] | None = None,
+        max_time_seconds: float | None = None,
     ):
         super().__init__()
+        self.max_time_seconds = max_time_seconds
         self.model = GPT(model_config)
         self.optim = dict(optim)
         self.max_nonfinite_in_a_row = int(self.optim.get("max_nonfinite_in_a_row", 10))
@@ -83,10 +85,12 @@ class GPTModule(L.LightningModule):
     def configure_optimizers(self):
         opt = self.optim
         optimizer = make_adamw(self.model, opt["lr"], opt["weight_decay"], opt["betas"])
-        schedule = torch.optim.lr_scheduler.LambdaLR(
-            optimizer,
-            lambda step: lr_factor(step, opt["warmup_steps"], self.max_steps, opt["min_lr_ratio"], opt["schedule"]),
-        )
+        if self.max_steps <= 0 and self.max_time_seconds:
+            factor = TimeBudgetSchedule(self.max_time_seconds, opt["warmup_steps"], opt["min_lr_ratio"], opt["schedule"])
+        else:
+            def factor(step: int) -> float:
+                return lr_factor(step, opt["warmup_steps"], self.max_steps, opt["min_lr_ratio"], opt["schedule"])
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
     def on_before_optimizer_step(self, optimizer) -> None:

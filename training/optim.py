@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 
 import torch
 from torch import nn
@@ -20,14 +21,41 @@ def lr_factor(step: int, warmup_steps: int, total_steps: int, min_lr_ratio: floa
         raise ValueError(f"optim.schedule must be one of {SCHEDULES}, got {schedule!r}")
     if step < warmup_steps:
         return (step + 1) / warmup_steps
-    if schedule == "constant" or total_steps <= 0:
+    if total_steps <= 0:
         return 1.0
-    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+    return decay_factor((step - warmup_steps) / max(1, total_steps - warmup_steps), min_lr_ratio, schedule)
+
+
+def decay_factor(progress: float, min_lr_ratio: float, schedule: str = "cosine") -> float:
+    """Multiplier after warmup, `progress` of the way (0 to 1) through the decay."""
+    progress = min(1.0, max(0.0, progress))
+    if schedule == "constant":
+        return 1.0
     if schedule == "linear":
         decay = 1.0 - progress
     else:
         decay = 0.5 * (1.0 + math.cos(math.pi * progress))
     return min_lr_ratio + (1.0 - min_lr_ratio) * decay
+
+
+class TimeBudgetSchedule:
+    """For runs limited by time, not steps (trainer.max_time with max_steps=-1): warmup over steps,
+    then the decay follows the share of the time budget spent, so the learning rate reaches its
+    floor when the time is up, whatever the machine's speed."""
+
+    def __init__(self, seconds: float, warmup_steps: int, min_lr_ratio: float, schedule: str):
+        if schedule not in SCHEDULES:
+            raise ValueError(f"optim.schedule must be one of {SCHEDULES}, got {schedule!r}")
+        self.seconds, self.warmup_steps, self.min_lr_ratio, self.schedule = seconds, warmup_steps, min_lr_ratio, schedule
+        self.started: float | None = None  # when the first step ran
+
+    def __call__(self, step: int) -> float:
+        now = time.monotonic()
+        if self.started is None:
+            self.started = now
+        if step < self.warmup_steps:
+            return (step + 1) / self.warmup_steps
+        return decay_factor((now - self.started) / self.seconds, self.min_lr_ratio, self.schedule)
 
 
 def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:

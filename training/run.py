@@ -6,6 +6,7 @@ import logging
 import os
 import warnings
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -129,6 +130,19 @@ def drop_advertisements(record: logging.LogRecord) -> bool:
     return "litlogger" not in record.getMessage()
 
 
+def time_budget_seconds(max_time) -> float | None:
+    """trainer.max_time ("dd:hh:mm:ss", or a dict of days/hours/minutes/seconds) in seconds."""
+    if not max_time:
+        return None
+    if isinstance(max_time, dict):
+        return timedelta(**max_time).total_seconds()
+    try:
+        days, hours, minutes, seconds = (int(part) for part in str(max_time).split(":"))
+    except ValueError:
+        raise SettingError(f"trainer.max_time must be dd:hh:mm:ss (e.g. 00:00:01:15 for 75 seconds), got {max_time!r}") from None
+    return timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds).total_seconds()
+
+
 def accumulation(cfg: DictConfig, world_size: int) -> int:
     """Micro-batches per optimizer step, from tokens_per_step (the global batch, in tokens), so the
     global batch stays the same when the number of devices changes."""
@@ -195,6 +209,7 @@ def train(cfg: DictConfig, run_dir: str | os.PathLike) -> RunResult:
         val_tokens_per_char=datamodule.val_tokens_per_char,
         tokenizer_json=datamodule.tokenizer_json,
         run_config=resolved,
+        max_time_seconds=time_budget_seconds(trainer_cfg.get("max_time")),
     )
     if start:
         module.model.load_state_dict(start.state)
