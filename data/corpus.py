@@ -44,14 +44,14 @@ class Part:
     def batches(self, state: dict | None = None) -> Iterator[tuple[list[tuple[Any, bool]], dict]]:
         """(text, continues) rows a batch at a time, each batch with the stream's state after it;
         reading resumes after that batch when given its state."""
-        stream = self.rows()
-        known = stream.column_names
-        if known is not None:
-            self.check_column(known)
-            stream = stream.select_columns([c for c in (self.column, "continues") if c in known])
-        if state:
-            stream.load_state_dict(state)
         try:
+            stream = self.rows()
+            known = stream.column_names  # None where the reader learns them from the first rows
+            if known is not None:
+                self.check_column(known)
+                stream = stream.select_columns([c for c in (self.column, "continues") if c in known])
+            if state:
+                stream.load_state_dict(state)
             for batch in stream.iter(batch_size=self.batch_rows):
                 if known is None:
                     self.check_column(list(batch))

@@ -6,7 +6,9 @@ preparation that stops part way goes on where it stopped.
 
 from __future__ import annotations
 
+import logging
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,8 @@ from .files import file_stats
 from .shards import PIECE_CHARS, SHARD_CHARS, encode_corpus, join_shards, read_records
 from .sources import Source
 from .tokenizer import build_tokenizer, pretrained_files, splits_safely
+
+log = logging.getLogger(__name__)
 
 
 def tokenizer_identity(cfg, given: Tokenizer | None) -> dict[str, Any]:
@@ -56,8 +60,10 @@ def prepare_tokens(
         if given is not None:
             tokenizer = given
         else:
+            started = time.perf_counter()
             corpus = source.open(PIECE_CHARS)
             tokenizer = build_tokenizer(tokenizer_cfg, corpus.train_texts)
+            log.info("tokenizer: %s, %d tokens (%.1f s)", tokenizer_cfg.kind, tokenizer.get_vocab_size(), time.perf_counter() - started)
         tmp = staging / ".tokenizer.json.tmp"
         tmp.write_text(tokenizer.to_str(), encoding="utf-8")
         os.replace(tmp, tokenizer_file)

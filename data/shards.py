@@ -161,12 +161,12 @@ def encode_corpus(
     head = list(itertools.islice(shards, 2))
     if num_proc <= 1 or len(head) < 2:  # one shard (or one process): encode here, on all cores
         encode = ShardEncoder(*args)
-        for shard in [*head, *shards]:
+        for shard in itertools.chain(head, shards):
             finish(shard, encode(shard.index, shard.items))
     else:
         with WorkerPool(num_proc, args) as pool:
             pending: deque[tuple[Shard, Future]] = deque()
-            for shard in [*head, *shards]:
+            for shard in itertools.chain(head, shards):
                 pending.append((shard, pool.submit(encode_in_worker, shard.index, shard.items)))
                 while len(pending) > 2 * num_proc or (pending and pending[0][1].done()):
                     done, future = pending.popleft()

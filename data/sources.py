@@ -98,7 +98,7 @@ def file_part(files: list[str], fmt: str, reading: dict, piece_chars: int | None
             batch_rows=1,  # rows are long pieces of files: a shard may end after any one
         )
     options = {}
-    if reading["errors"] != "strict":
+    if reading["errors"] != "strict" and fmt in ("json", "csv"):  # parquet holds UTF-8 by definition
         # the json builder re-decodes (with encoding_errors) only for an encoding not spelled "utf-8"
         options = {"encoding": "utf8", "encoding_errors": reading["errors"]} if fmt == "json" else {"encoding_errors": reading["errors"]}
     return Part(
@@ -120,7 +120,7 @@ def explain_file_error(err: Exception, files: list[str], fmt: str, where: str) -
         if (bad := find_not_utf8(files)) is not None:
             return bad
     innermost = str(chain[-1]).strip().splitlines()
-    reason = innermost[0] if innermost else type(chain[-1]).__name__
+    reason = innermost[0].rstrip(".") if innermost else type(chain[-1]).__name__
     return DataError(f"{where} cannot be read as {fmt}: {reason}; check the file or set data.format")
 
 

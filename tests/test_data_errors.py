@@ -92,6 +92,15 @@ def test_a_text_column_that_does_not_exist_lists_the_ones_that_do(tmp_path, fmt)
     )
 
 
+def test_a_file_that_is_not_what_its_extension_says(tmp_path):
+    path = tmp_path / "broken.jsonl"
+    path.write_text('{"text": "fine"}\n{"text": not json\n')
+    assert refused(tmp_path, path=str(path)).startswith(f"{path} cannot be read as json: ")
+    fake = tmp_path / "fake.parquet"
+    fake.write_text("plain text, not parquet")
+    assert refused(tmp_path, path=str(fake)).startswith(f"{fake} cannot be read as parquet: Parquet magic bytes not found")
+
+
 def test_a_text_column_of_numbers(tmp_path):
     path = tmp_path / "numbers.jsonl"
     datasets.Dataset.from_dict({"text": list(range(100))}).to_json(path, lines=True)
