@@ -72,7 +72,13 @@ def child(corpus: str, cache: str) -> None:
     entry = dm.prepare()
     seconds, cpu = time.perf_counter() - started, cpu_seconds() - cpu
     peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    result = {"seconds": seconds, "cpu": cpu, "folder": str(entry.folder), "meta": entry.meta, "self_maxrss_mb": peak_kb / 1024}
+    result = {
+        "seconds": seconds,
+        "cpu": cpu,
+        "folder": str(entry.folder),
+        "meta": entry.meta,
+        "self_maxrss_mb": peak_kb / 1024,
+    }
     print(json.dumps(result))
 
 
@@ -192,8 +198,11 @@ def main() -> None:
 
         before = load()
         first, memory, first_wall = run_child(corpus, cache, env)
-        print(f"first run: {first['seconds']:.1f} s ({first_wall:.1f} s with interpreter start and imports); "
-              f"load average {before} -> {load()}", flush=True)
+        print(
+            f"first run: {first['seconds']:.1f} s ({first_wall:.1f} s with interpreter start and imports); "
+            f"load average {before} -> {load()}",
+            flush=True,
+        )
         second, _, second_wall = run_child(corpus, cache, env)
         print(f"second run: {second['seconds'] * 1000:.1f} ms ({second_wall:.1f} s with start and imports)", flush=True)
         tokenizer_json = (Path(first["folder"]) / "tokenizer.json").read_text(encoding="utf-8")
@@ -208,9 +217,18 @@ def main() -> None:
             ("ours: end-to-end prepare()", f"{ours:.2f} MB/s ({first['seconds']:.1f} s; {first['cpu']:.1f} CPU-s)"),
             ("library: encode_batch_fast", f"{library:.2f} MB/s ({library_seconds:.1f} s; {library_cpu:.1f} CPU-s)"),
             ("ratio (target >= 0.80)", f"{ours / library:.2f} (by CPU time: {library_cpu / first['cpu']:.2f})"),
-            ("peak memory, PSS of all processes (target < 1.5 GB)", f"{memory.peak_pss / 2**30:.2f} GiB ({memory.peak_processes} processes)"),
-            ("peak RSS of one process", f"{memory.peak_rss / 2**30:.2f} GiB (getrusage of the main one: {first['self_maxrss_mb'] / 1024:.2f} GiB)"),
-            ("second run (target >= 50x faster)", f"{second['seconds'] * 1000:.1f} ms: {first['seconds'] / second['seconds']:.0f}x faster"),
+            (
+                "peak memory, PSS of all processes (target < 1.5 GB)",
+                f"{memory.peak_pss / 2**30:.2f} GiB ({memory.peak_processes} processes)",
+            ),
+            (
+                "peak RSS of one process",
+                f"{memory.peak_rss / 2**30:.2f} GiB (getrusage of the main one: {first['self_maxrss_mb'] / 1024:.2f} GiB)",
+            ),
+            (
+                "second run (target >= 50x faster)",
+                f"{second['seconds'] * 1000:.1f} ms: {first['seconds'] / second['seconds']:.0f}x faster",
+            ),
         ]
         width = max(len(name) for name, _ in rows)
         print()

@@ -68,7 +68,9 @@ class Part:
         """True for text, False for a missing value; anything else is an error."""
         if value is None or isinstance(value, str):
             return bool(value)
-        raise DataError(f"data.text_column={self.column!r} of {self.where} holds {type(value).__name__} values, not text")
+        raise DataError(
+            f"data.text_column={self.column!r} of {self.where} holds {type(value).__name__} values, not text"
+        )
 
     def check_column(self, names: list[str]) -> None:
         if self.column not in names:
@@ -165,7 +167,13 @@ class Walk:
 
     def __init__(self, corpus: Corpus, position: dict | None = None, train_only: bool = False):
         self.corpus, self.train_only = corpus, train_only
-        self.position = position or {"part": 0, "state": None, "chars": 0, "docs": 0, "started": {"train": False, "val": False}}
+        self.position = position or {
+            "part": 0,
+            "state": None,
+            "chars": 0,
+            "docs": 0,
+            "started": {"train": False, "val": False},
+        }
 
     def __iter__(self) -> Iterator[list[Item]]:
         pos = self.position

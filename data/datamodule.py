@@ -99,7 +99,11 @@ class TextDataModule(L.LightningDataModule):
             meta = cache.meta
             log.info(
                 "%s: %s training and %s validation tokens (%.1f s) in %s",
-                source.label, f"{meta['train_tokens']:,}", f"{meta['val_tokens']:,}", time.perf_counter() - started, cache.folder,
+                source.label,
+                f"{meta['train_tokens']:,}",
+                f"{meta['val_tokens']:,}",
+                time.perf_counter() - started,
+                cache.folder,
             )
         else:
             log.info("using cached tokens of %s from %s", source.label, cache.folder)
@@ -166,7 +170,9 @@ class TextDataModule(L.LightningDataModule):
     # ---- loaders ---------------------------------------------------------------------------------
 
     def train_dataloader(self) -> DataLoader:
-        windows = RandomWindows(self.prepare().ids("train"), self.block_size, self.batch_size, self.seed, self.num_batches)
+        windows = RandomWindows(
+            self.prepare().ids("train"), self.block_size, self.batch_size, self.seed, self.num_batches
+        )
         return self.loader(windows, batch_size=None)
 
     def val_dataloader(self) -> DataLoader:
@@ -187,4 +193,3 @@ class TextDataModule(L.LightningDataModule):
 def batches_for(max_steps: int, accumulate: int) -> int:
     """Training batches a run will draw; unbounded (max_steps=-1, e.g. time-limited runs) gets a huge count."""
     return max_steps * accumulate if max_steps and max_steps > 0 else 2**40 - 1
-

@@ -63,7 +63,12 @@ def prepare_tokens(
             started = time.perf_counter()
             corpus = source.open(PIECE_CHARS)
             tokenizer = build_tokenizer(tokenizer_cfg, corpus.train_texts)
-            log.info("tokenizer: %s, %d tokens (%.1f s)", tokenizer_cfg.kind, tokenizer.get_vocab_size(), time.perf_counter() - started)
+            log.info(
+                "tokenizer: %s, %d tokens (%.1f s)",
+                tokenizer_cfg.kind,
+                tokenizer.get_vocab_size(),
+                time.perf_counter() - started,
+            )
         tmp = staging / ".tokenizer.json.tmp"
         tmp.write_text(tokenizer.to_str(), encoding="utf-8")
         os.replace(tmp, tokenizer_file)
@@ -75,7 +80,14 @@ def prepare_tokens(
     dtype = token_dtype(vocab_size)
     shards = staging / "shards"
     counts = encode_corpus(
-        corpus, tokenizer, can_split, shards, dtype.name, num_proc or default_num_proc(), shard_chars or SHARD_CHARS, progress
+        corpus,
+        tokenizer,
+        can_split,
+        shards,
+        dtype.name,
+        num_proc or default_num_proc(),
+        shard_chars or SHARD_CHARS,
+        progress,
     )
     if counts["train_tokens"] == 0:
         raise DataError(f"{source.label} holds no training text")

@@ -14,6 +14,7 @@ val.bin.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import itertools
 import json
@@ -63,8 +64,10 @@ class ShardEncoder:
 
     def __call__(self, index: int, items: list[Item]) -> dict[str, int]:
         counts = dict.fromkeys(COUNTS, 0)
-        files = {split: open(self.folder / f"{index:06d}.{split}.bin", "wb") for split in SPLITS}
-        try:
+        with contextlib.ExitStack() as stack:
+            files = {
+                split: stack.enter_context(open(self.folder / f"{index:06d}.{split}.bin", "wb")) for split in SPLITS
+            }
             for batch in self.batches(self.documents(items)):
                 encodings = self.tokenizer.encode_batch_fast([text for _, text, _ in batch], add_special_tokens=False)
                 chunks: dict[str, list[np.ndarray]] = {split: [] for split in SPLITS}
@@ -78,9 +81,6 @@ class ShardEncoder:
                         ids = np.concatenate(arrays)
                         ids.tofile(files[split])
                         counts[f"{split}_tokens"] += len(ids)
-        finally:
-            for f in files.values():
-                f.close()
         return counts
 
     def documents(self, items: list[Item]) -> Iterator[tuple[str, str, bool]]:

@@ -41,7 +41,9 @@ def describe(cfg) -> Source:
         return shakespeare_source(cfg)
     if kind == "text":
         if not cfg.get("path"):
-            raise DataError("data=text needs data.path: a file, a folder or a glob of .txt, .jsonl, .csv or .parquet files")
+            raise DataError(
+                "data=text needs data.path: a file, a folder or a glob of .txt, .jsonl, .csv or .parquet files"
+            )
         return files_source(cfg, cfg.path)
     if kind == "hub":
         return hub_source(cfg)
@@ -89,7 +91,12 @@ def reading_settings(cfg, fmt: str) -> dict:
 
 def file_part(files: list[str], fmt: str, reading: dict, piece_chars: int | None, split: str, where: str) -> Part:
     if fmt == "txt":
-        kwargs = {"files": files, "one_document_per": reading["one_document_per"], "errors": reading["errors"], "piece_chars": piece_chars}
+        kwargs = {
+            "files": files,
+            "one_document_per": reading["one_document_per"],
+            "errors": reading["errors"],
+            "piece_chars": piece_chars,
+        }
         return Part(
             rows=lambda: datasets.IterableDataset.from_generator(text_rows, features=TEXT_ROW, gen_kwargs=kwargs),
             split=split,
@@ -100,7 +107,11 @@ def file_part(files: list[str], fmt: str, reading: dict, piece_chars: int | None
     options = {}
     if reading["errors"] != "strict" and fmt in ("json", "csv"):  # parquet holds UTF-8 by definition
         # the json builder re-decodes (with encoding_errors) only for an encoding not spelled "utf-8"
-        options = {"encoding": "utf8", "encoding_errors": reading["errors"]} if fmt == "json" else {"encoding_errors": reading["errors"]}
+        options = (
+            {"encoding": "utf8", "encoding_errors": reading["errors"]}
+            if fmt == "json"
+            else {"encoding_errors": reading["errors"]}
+        )
     return Part(
         rows=lambda: datasets.load_dataset(fmt, data_files=files, split="train", streaming=True, **options),
         split=split,
@@ -116,9 +127,9 @@ def explain_file_error(err: Exception, files: list[str], fmt: str, where: str) -
     while cause is not None and len(chain) < 10:
         chain.append(cause)
         cause = cause.__cause__ or cause.__context__
-    if any(isinstance(e, UnicodeDecodeError) or "utf8" in str(e).lower().replace("-", "") for e in chain):
-        if (bad := find_not_utf8(files)) is not None:
-            return bad
+    about_utf8 = any(isinstance(e, UnicodeDecodeError) or "utf8" in str(e).lower().replace("-", "") for e in chain)
+    if about_utf8 and (bad := find_not_utf8(files)) is not None:
+        return bad
     innermost = str(chain[-1]).strip().splitlines()
     reason = innermost[0].rstrip(".") if innermost else type(chain[-1]).__name__
     return DataError(f"{where} cannot be read as {fmt}: {reason}; check the file or set data.format")
@@ -130,13 +141,19 @@ def explain_file_error(err: Exception, files: list[str], fmt: str, where: str) -
 def hub_source(cfg) -> Source:
     name = cfg.get("name")
     if not name:
-        raise DataError("data=hub needs data.name: a dataset on the Hugging Face Hub (owner/name) or a local dataset folder")
+        raise DataError(
+            "data=hub needs data.name: a dataset on the Hugging Face Hub (owner/name) or a local dataset folder"
+        )
     keys = ("name", "config", "split", "val_split", "revision", "text_column", "streaming")
     settings = {key: cfg.get(key) for key in keys}
     identity = {"kind": "hub", **settings, "val_fraction": cfg.val_fraction}
     folder = Path(str(name)).expanduser()
     if folder.is_dir():  # a local copy: its files say whether it changed
-        files = (p for p in folder.rglob("*") if p.is_file() and not any(x.startswith(".") for x in p.relative_to(folder).parts))
+        files = (
+            p
+            for p in folder.rglob("*")
+            if p.is_file() and not any(x.startswith(".") for x in p.relative_to(folder).parts)
+        )
         identity["files"] = file_stats(sorted(map(str, files)))
     split = cfg.get("split") or "train"
 
@@ -156,7 +173,9 @@ def hub_part(cfg, split: str, rule: str) -> Part:
 
     def rows() -> datasets.IterableDataset:
         with hub_errors(cfg.name):
-            ds = datasets.load_dataset(cfg.name, cfg.get("config"), split=split, revision=cfg.get("revision"), streaming=streaming)
+            ds = datasets.load_dataset(
+                cfg.name, cfg.get("config"), split=split, revision=cfg.get("revision"), streaming=streaming
+            )
         return ds if streaming else ds.to_iterable_dataset()
 
     return Part(
@@ -212,7 +231,9 @@ def hub_error(err: Exception, name: str) -> Exception:
             "dataset folder, or use data=text data.path=<its files>"
         )
     if isinstance(err, datasets.exceptions.DatasetNotFoundError):
-        return DataError(f"data.name={name} is neither a dataset on the Hugging Face Hub nor a local folder; check the name")
+        return DataError(
+            f"data.name={name} is neither a dataset on the Hugging Face Hub nor a local folder; check the name"
+        )
     if isinstance(err, (FileNotFoundError, ValueError)):
         return DataError(f"data.name={name}: {message}")
     return err
@@ -261,8 +282,10 @@ def pydoc_source(cfg, label: str = "pydoc_data.topics") -> Source:
     digest = hashlib.sha256("\0".join(texts).encode()).hexdigest()
     identity = {"kind": "pydoc", "sha256": digest, "val_fraction": cfg.val_fraction}
 
+    def rows() -> datasets.IterableDataset:
+        return datasets.Dataset.from_dict({"text": texts}).to_iterable_dataset()
+
     def open_corpus(piece_chars: int | None) -> Corpus:
-        rows = lambda: datasets.Dataset.from_dict({"text": texts}).to_iterable_dataset()  # noqa: E731
         return Corpus([Part(rows, "tail", where=label)], cfg.val_fraction)
 
     return Source(label, identity, open_corpus)

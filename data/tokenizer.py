@@ -72,7 +72,9 @@ def load_pretrained(path: str | os.PathLike | None) -> Tokenizer:
     added as a special token if the vocabulary lacks it.
     """
     if not path:
-        raise DataError("tokenizer=pretrained needs tokenizer.path: a tokenizer.json or a Hugging Face tokenizer folder")
+        raise DataError(
+            "tokenizer=pretrained needs tokenizer.path: a tokenizer.json or a Hugging Face tokenizer folder"
+        )
     path = Path(path).expanduser()
     if path.is_dir():
         if (path / "tokenizer.json").is_file():
@@ -89,7 +91,9 @@ def load_pretrained(path: str | os.PathLike | None) -> Tokenizer:
     elif path.is_file():
         tokenizer = read_tokenizer_json(path)
     else:
-        raise DataError(f"tokenizer.path {path} does not exist; give a tokenizer.json or a Hugging Face tokenizer folder")
+        raise DataError(
+            f"tokenizer.path {path} does not exist; give a tokenizer.json or a Hugging Face tokenizer folder"
+        )
     tokenizer.no_truncation()
     tokenizer.no_padding()
     tokenizer.add_special_tokens([EOT])  # keeps the id the vocabulary gives it, if it has one

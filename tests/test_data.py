@@ -23,7 +23,9 @@ from .common import bpe_config, data_config
 
 
 def prepared(tmp_path, block_size=8, tokenizer=None, **data):
-    dm = TextDataModule(data_config(tmp_path / "cache", **data), tokenizer or bpe_config(), block_size, seed=3, num_batches=50)
+    dm = TextDataModule(
+        data_config(tmp_path / "cache", **data), tokenizer or bpe_config(), block_size, seed=3, num_batches=50
+    )
     dm.prepare()
     return dm
 
@@ -59,7 +61,9 @@ def reference_split(docs, val_fraction):
 
 
 def in_memory_part(texts, split="tail", **fields):
-    return Part(lambda: datasets.Dataset.from_dict({"text": texts, **fields}).to_iterable_dataset(), split, where="memory")
+    return Part(
+        lambda: datasets.Dataset.from_dict({"text": texts, **fields}).to_iterable_dataset(), split, where="memory"
+    )
 
 
 def walk_items(corpus):
@@ -91,7 +95,13 @@ def test_split_cuts_only_the_document_on_the_boundary():
 
 def test_a_document_read_in_pieces_is_one_document():
     part = in_memory_part(["aa", "bb", "cc", "dd"], continues=[False, True, False, True])
-    expected = [("train", "aa", False), ("train", "bb", False), ("train", "c", True), ("val", "c", False), ("val", "dd", False)]
+    expected = [
+        ("train", "aa", False),
+        ("train", "bb", False),
+        ("train", "c", True),
+        ("val", "c", False),
+        ("val", "dd", False),
+    ]
     assert walk_items(Corpus([part], 0.375)) == expected  # 8 characters, 5 train
 
 
@@ -189,8 +199,12 @@ def hub_folder(tmp_path, splits=("train", "validation"), rows=60):
 def test_hub_dataset_validates_on_its_validation_split(tmp_path, streaming):
     folder = hub_folder(tmp_path)
     dm = prepared(tmp_path, source="hub", name=str(folder), split="train", val_split="auto", streaming=streaming)
-    assert documents_of(dm, "train") == [f"train story {i}: a cat sat on a mat and then it ran away." for i in range(60)]
-    assert documents_of(dm, "val") == [f"validation story {i}: a cat sat on a mat and then it ran away." for i in range(60)]
+    assert documents_of(dm, "train") == [
+        f"train story {i}: a cat sat on a mat and then it ran away." for i in range(60)
+    ]
+    assert documents_of(dm, "val") == [
+        f"validation story {i}: a cat sat on a mat and then it ran away." for i in range(60)
+    ]
 
 
 def test_hub_dataset_without_a_validation_split_uses_the_fraction(tmp_path):

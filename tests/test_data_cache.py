@@ -86,7 +86,9 @@ def jsonl_corpus(tmp_path_factory, shakespeare):
     """The same text as 600 JSON Lines records."""
     path = tmp_path_factory.mktemp("jsonl") / "speeches.jsonl"
     text = shakespeare.read_text(encoding="utf-8")
-    datasets.Dataset.from_dict({"text": [text[i * 1000 : (i + 1) * 1000] for i in range(600)]}).to_json(path, lines=True)
+    datasets.Dataset.from_dict({"text": [text[i * 1000 : (i + 1) * 1000] for i in range(600)]}).to_json(
+        path, lines=True
+    )
     return path
 
 
@@ -109,8 +111,15 @@ def test_an_interrupted_preparation_resumes_where_it_stopped(tmp_path, corpus, j
     encoded = []
     resumed = datamodule(tmp_path / "c", corpus, progress=encoded.append, num_proc=2, shard_chars=40_000).prepare()
     assert [r["index"] for r in encoded] == list(range(3, 3 + len(encoded))) and len(encoded) >= 5  # 0-2 were kept
-    assert not staging.exists() and sorted(os.listdir(resumed.folder)) == ["meta.json", "tokenizer.json", "train.bin", "val.bin"]
-    assert np.array_equal(resumed.ids("train"), clean.ids("train")) and np.array_equal(resumed.ids("val"), clean.ids("val"))
+    assert not staging.exists() and sorted(os.listdir(resumed.folder)) == [
+        "meta.json",
+        "tokenizer.json",
+        "train.bin",
+        "val.bin",
+    ]
+    assert np.array_equal(resumed.ids("train"), clean.ids("train")) and np.array_equal(
+        resumed.ids("val"), clean.ids("val")
+    )
 
 
 CHAR = {"kind": "char"}  # slow enough to stop part way
@@ -149,7 +158,9 @@ def test_a_killed_preparation_resumes_and_a_half_written_shard_is_redone(tmp_pat
     resumed = datamodule(tmp_path / "cache", corpus, char, encoded.append, num_proc=2, shard_chars=20_000).prepare()
     assert encoded[0]["index"] == len(done)
     clean = datamodule(tmp_path / "clean", corpus, char, num_proc=1).prepare()
-    assert np.array_equal(resumed.ids("train"), clean.ids("train")) and np.array_equal(resumed.ids("val"), clean.ids("val"))
+    assert np.array_equal(resumed.ids("train"), clean.ids("train")) and np.array_equal(
+        resumed.ids("val"), clean.ids("val")
+    )
 
 
 def test_a_staging_folder_whose_build_finished_is_completed_not_redone(tmp_path, small_text, monkeypatch):

@@ -66,9 +66,11 @@ def test_a_file_that_is_not_utf8_is_named_with_the_place(tmp_path, small_text, s
     if suffix == "txt":
         path.write_bytes(body.encode("latin-1", "replace"))
     elif suffix == "jsonl":
-        path.write_bytes(b'{"text": "' + body.replace("\n", " ").replace('"', "'").encode("latin-1", "replace") + b'"}\n')
+        path.write_bytes(
+            b'{"text": "' + body.replace("\n", " ").replace('"', "'").encode("latin-1", "replace") + b'"}\n'
+        )
     else:
-        path.write_bytes(b"text\n\"" + body.replace('"', "'").encode("latin-1", "replace") + b'"\n')
+        path.write_bytes(b'text\n"' + body.replace('"', "'").encode("latin-1", "replace") + b'"\n')
     message = refused(tmp_path, path=str(path))
     assert message.startswith(f"{path} is not UTF-8 text: byte ") and "is 0xe9" in message
     assert "data.errors=replace" in message
@@ -84,7 +86,11 @@ def test_a_file_that_is_not_utf8_is_named_with_the_place(tmp_path, small_text, s
 def test_a_text_column_that_does_not_exist_lists_the_ones_that_do(tmp_path, fmt):
     table = datasets.Dataset.from_dict({"title": ["a", "b"] * 50, "body": ["some text here " * 10] * 100})
     path = tmp_path / f"table.{fmt}"
-    {"jsonl": lambda: table.to_json(path, lines=True), "csv": lambda: table.to_csv(path), "parquet": lambda: table.to_parquet(path)}[fmt]()
+    {
+        "jsonl": lambda: table.to_json(path, lines=True),
+        "csv": lambda: table.to_csv(path),
+        "parquet": lambda: table.to_parquet(path),
+    }[fmt]()
     message = refused(tmp_path, path=str(path))  # text_column defaults to "text"
     assert message == (
         f"data.text_column='text' is not a column of {path}; its columns are title, body; "
@@ -98,7 +104,9 @@ def test_a_file_that_is_not_what_its_extension_says(tmp_path):
     assert refused(tmp_path, path=str(path)).startswith(f"{path} cannot be read as json: ")
     fake = tmp_path / "fake.parquet"
     fake.write_text("plain text, not parquet")
-    assert refused(tmp_path, path=str(fake)).startswith(f"{fake} cannot be read as parquet: Parquet magic bytes not found")
+    assert refused(tmp_path, path=str(fake)).startswith(
+        f"{fake} cannot be read as parquet: Parquet magic bytes not found"
+    )
 
 
 def test_a_text_column_of_numbers(tmp_path):
@@ -141,25 +149,43 @@ def test_mixed_formats_in_a_folder(tmp_path):
     (tmp_path / "books" / "a.txt").write_text("text " * 100)
     (tmp_path / "books" / "meta.json").write_text('{"text": "x"}')
     message = refused(tmp_path, path=str(tmp_path / "books"))
-    assert message == f"data.path {tmp_path / 'books'} mixes formats (1 txt, 1 json); choose one with data.format=txt|json|csv|parquet"
-    dm = TextDataModule(data_config(tmp_path / "cache", path=str(tmp_path / "books"), format="txt"), bpe_config(), 8, 0, 1)
+    assert (
+        message
+        == f"data.path {tmp_path / 'books'} mixes formats (1 txt, 1 json); choose one with data.format=txt|json|csv|parquet"
+    )
+    dm = TextDataModule(
+        data_config(tmp_path / "cache", path=str(tmp_path / "books"), format="txt"), bpe_config(), 8, 0, 1
+    )
     assert dm.prepare().meta["train_chars"] == 450
 
 
 def test_pretrained_tokenizer_that_is_missing(tmp_path, small_text):
     cfg = OmegaConf.create({"kind": "pretrained", "path": str(tmp_path / "nope")})
     message = refused(tmp_path, cfg, path=str(small_text))
-    assert message == f"tokenizer.path {tmp_path / 'nope'} does not exist; give a tokenizer.json or a Hugging Face tokenizer folder"
+    assert (
+        message
+        == f"tokenizer.path {tmp_path / 'nope'} does not exist; give a tokenizer.json or a Hugging Face tokenizer folder"
+    )
 
 
 @pytest.mark.slow
 def test_train_py_prints_one_error_line_for_bad_data(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "train.py", *TINY, "data=text", f"data.path={tmp_path / 'missing.txt'}", f"hydra.run.dir={tmp_path / 'r'}"],
+        [
+            sys.executable,
+            "train.py",
+            *TINY,
+            "data=text",
+            f"data.path={tmp_path / 'missing.txt'}",
+            f"hydra.run.dir={tmp_path / 'r'}",
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
-    assert proc.stderr.strip().splitlines()[-1] == f"error: data.path {tmp_path / 'missing.txt'} does not exist; give a file, a folder or a glob"
+    assert (
+        proc.stderr.strip().splitlines()[-1]
+        == f"error: data.path {tmp_path / 'missing.txt'} does not exist; give a file, a folder or a glob"
+    )

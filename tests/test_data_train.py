@@ -37,7 +37,11 @@ def source_overrides(kind: str, tmp_path, small_text) -> list[str]:
     if kind in ("jsonl", "csv", "parquet"):
         table = datasets.Dataset.from_dict({"id": list(range(400)), "body": stories(400)})
         path = tmp_path / f"stories.{kind}"
-        {"jsonl": lambda: table.to_json(path, lines=True), "csv": lambda: table.to_csv(path), "parquet": lambda: table.to_parquet(path)}[kind]()
+        {
+            "jsonl": lambda: table.to_json(path, lines=True),
+            "csv": lambda: table.to_csv(path),
+            "parquet": lambda: table.to_parquet(path),
+        }[kind]()
         return ["data=text", f"data.path={path}", "data.text_column=body"]
     if kind in ("hub", "hub-streaming"):
         folder = tmp_path / "tiny_stories"
@@ -50,9 +54,13 @@ def source_overrides(kind: str, tmp_path, small_text) -> list[str]:
     return ["data=shakespeare"]  # the default: found beside the checkout, in ../shared/data
 
 
-@pytest.mark.parametrize("kind", ["txt-folder", "jsonl", "csv", "parquet", "hub", "hub-streaming", "pydoc", "shakespeare"])
+@pytest.mark.parametrize(
+    "kind", ["txt-folder", "jsonl", "csv", "parquet", "hub", "hub-streaming", "pydoc", "shakespeare"]
+)
 def test_each_source_trains(kind, tmp_path, small_text):
-    cfg = compose_config(*TINY, *source_overrides(kind, tmp_path, small_text), "trainer.max_steps=4", "trainer.val_check_interval=2")
+    cfg = compose_config(
+        *TINY, *source_overrides(kind, tmp_path, small_text), "trainer.max_steps=4", "trainer.val_check_interval=2"
+    )
     result = train(cfg, tmp_path / "run")
     assert result.last_checkpoint is not None and math.isfinite(result.metrics["val/bpc"])
     assert load_checkpoint(tmp_path / "run").tokenizer_json == (tmp_path / "run" / "tokenizer.json").read_text()

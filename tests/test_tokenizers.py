@@ -136,7 +136,9 @@ def test_each_tokenizer_prepares_text_that_decodes_back(tmp_path, small_text, sh
     path = tmp_path / "tokenizer.json"
     shakespeare_bpe.save(str(path))
     cfg = OmegaConf.create({"kind": kind, "path": str(path)})
-    dm = TextDataModule(data_config(tmp_path / "cache", path=str(small_text), shard_chars=10_000, num_proc=2), cfg, 32, 0, 1)
+    dm = TextDataModule(
+        data_config(tmp_path / "cache", path=str(small_text), shard_chars=10_000, num_proc=2), cfg, 32, 0, 1
+    )
     cache = dm.prepare()
     text = small_text.read_text()
     n_train = int(len(text) * 0.9)
@@ -154,7 +156,9 @@ def test_bpe_learns_from_a_bounded_sample(tmp_path, small_text, monkeypatch):
     seen = []
     real = data.tokenizer.train_bpe
     monkeypatch.setattr(data.tokenizer, "train_bpe", lambda texts, size: real(seen.extend(texts) or seen, size))
-    dm = TextDataModule(data_config(tmp_path / "cache", path=str(small_text)), bpe_config(max_train_chars=8_000), 32, 0, 1)
+    dm = TextDataModule(
+        data_config(tmp_path / "cache", path=str(small_text)), bpe_config(max_train_chars=8_000), 32, 0, 1
+    )
     dm.prepare()
     assert 7_000 <= sum(map(len, seen)) <= 8_000
     text = small_text.read_text()
