@@ -82,6 +82,14 @@ def test_a_file_that_is_not_utf8_is_named_with_the_place(tmp_path, small_text, s
     assert "caf\ufffd" in text
 
 
+def test_a_bad_byte_past_the_first_block_is_placed_exactly(tmp_path):
+    good = ("é" * 10 + "abc\n").encode()  # 24 bytes a line; two-byte characters straddle the 1 MiB blocks
+    at = 24 * 62_500  # the start of line 62501, past the first block
+    path = tmp_path / "big.txt"
+    path.write_bytes(good * 62_500 + b"\xff" + good * 20_000)
+    assert f"byte {at} (line 62501) is 0xff" in refused(tmp_path, path=str(path))
+
+
 @pytest.mark.parametrize("fmt", ["jsonl", "csv", "parquet"])
 def test_a_text_column_that_does_not_exist_lists_the_ones_that_do(tmp_path, fmt):
     table = datasets.Dataset.from_dict({"title": ["a", "b"] * 50, "body": ["some text here " * 10] * 100})
