@@ -1,5 +1,5 @@
 """Text sources, tokenizers and the token cache; the Lightning data module lives in data.datamodule."""
 
-from .sources import DataError
+from .errors import DataError
 
 __all__ = ["DataError"]

@@ -1,64 +1,49 @@
-"""Token ids on disk: tokenize a corpus once, then every later run memory-maps the result.
+"""Token ids on disk: a corpus is tokenized once, then every later run memory-maps the result.
 
-A cache entry is a folder named by a fingerprint of the text and the tokenizer settings:
+An entry is a folder under <cache_dir>/tokens named by a fingerprint of the source (what identifies
+its text: files' paths, sizes and modification times, or a dataset's name and revision) and of the
+tokenizer settings:
 
-    tokens/<fingerprint>/tokenizer.json   the trained tokenizer
-                         train.bin        token ids, flat (uint16 when the vocabulary fits, else uint32)
-                         val.bin
-                         meta.json        counts and dtype; written last
+    tokens/<key>/tokenizer.json   the tokenizer
+                 train.bin        token ids, flat (uint16 when the vocabulary fits, else uint32)
+                 val.bin
+                 meta.json        counts, dtype, source
 
-An entry is built in a temporary folder and renamed into place when complete, so a folder with that
-name is always whole; a run killed while tokenizing leaves only a temporary folder behind.
+An entry is built in tokens/<key>.partial/ and renamed into place when complete, so a folder with the
+entry's name is always whole. A preparation that stops part way leaves the .partial folder, with its
+finished shards, for the next run to go on from. One process at a time builds an entry (a file lock);
+others wait for it and then read.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
-import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tokenizers import Tokenizer
+from filelock import FileLock, Timeout
 
-FORMAT_VERSION = 1
-ENCODE_BATCH = 64  # documents per encode_batch call
+from .errors import DataError
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 2
 
 
-def fingerprint(texts: dict[str, list[str]], settings: dict[str, Any]) -> str:
-    digest = hashlib.sha256(json.dumps({"format": FORMAT_VERSION, **settings}, sort_keys=True).encode())
-    for split in sorted(texts):
-        digest.update(split.encode())
-        for doc in texts[split]:
-            digest.update(hashlib.sha256(doc.encode("utf-8", "surrogatepass")).digest())
-    return digest.hexdigest()[:20]
+def fingerprint(source: dict[str, Any], tokenizer: dict[str, Any]) -> str:
+    spec = {"format": FORMAT_VERSION, "source": source, "tokenizer": tokenizer}
+    return hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16) if vocab_size <= 2**16 else np.dtype(np.uint32)
-
-
-def write_tokens(path: Path, tokenizer: Tokenizer, documents: list[str], dtype: np.dtype, separator: int | None) -> int:
-    """Encode documents in batches and append their ids to path as they come; returns the count.
-
-    Documents are joined by the separator token (end of text), so no window mistakes the end of one
-    for the middle of another.
-    """
-    count = 0
-    with open(path, "wb") as out:
-        for start in range(0, len(documents), ENCODE_BATCH):
-            encodings = tokenizer.encode_batch(documents[start : start + ENCODE_BATCH], add_special_tokens=False)
-            for i, enc in enumerate(encodings):
-                ids = enc.ids
-                if separator is not None and start + i > 0:
-                    ids = [separator, *ids]
-                np.asarray(ids, dtype=dtype).tofile(out)
-                count += len(ids)
-    return count
 
 
 @dataclass
@@ -70,7 +55,9 @@ class TokenCache:
     def tokenizer_json(self) -> str:
         return (self.folder / "tokenizer.json").read_text(encoding="utf-8")
 
-    def ids(self, split: str) -> np.memmap:
+    def ids(self, split: str) -> np.ndarray:
+        if self.meta[f"{split}_tokens"] == 0:  # a zero-length file cannot be memory-mapped
+            return np.zeros(0, dtype=np.dtype(self.meta["dtype"]))
         return np.memmap(self.folder / f"{split}.bin", dtype=np.dtype(self.meta["dtype"]), mode="r")
 
 
@@ -81,32 +68,50 @@ def open_cache(folder: Path) -> TokenCache | None:
     return TokenCache(folder, json.loads(meta_file.read_text()))
 
 
-def build_cache(
-    root: str | os.PathLike, key: str, tokenizer: Tokenizer, splits: dict[str, list[str]], separator: int | None
-) -> TokenCache:
-    """Tokenize every split into a new entry under root/tokens/key (or return it if it is there)."""
-    folder = Path(root).expanduser() / "tokens" / key
-    if (done := open_cache(folder)) is not None:
-        return done
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=folder.parent))
-    try:
-        dtype = token_dtype(tokenizer.get_vocab_size())
-        meta: dict[str, Any] = {"format": FORMAT_VERSION, "dtype": dtype.name, "vocab_size": tokenizer.get_vocab_size()}
-        for split, documents in splits.items():
-            meta[f"{split}_tokens"] = write_tokens(staging / f"{split}.bin", tokenizer, documents, dtype, separator)
-            meta[f"{split}_chars"] = sum(len(d) for d in documents)
-        (staging / "tokenizer.json").write_text(tokenizer.to_str(), encoding="utf-8")
-        (staging / "meta.json").write_text(json.dumps(meta, indent=2))
-        try:
-            staging.rename(folder)
-        except OSError:  # another process finished the same entry first; theirs is as good as ours
-            if open_cache(folder) is None:
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return open_cache(folder)
-
-
 def find_cache(root: str | os.PathLike, key: str) -> TokenCache | None:
     return open_cache(Path(root).expanduser() / "tokens" / key)
+
+
+def write_json(path: Path, value: Any) -> None:
+    """Whole or not at all: a reader never sees half a file."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(value, indent=1))
+    os.replace(tmp, path)
+
+
+def build_cache(root: str | os.PathLike, key: str, build: Callable[[Path], dict[str, Any]]) -> TokenCache:
+    """The entry for key, built by `build(staging)` unless it exists (or another process builds it meanwhile).
+
+    build fills the staging folder with tokenizer.json, train.bin and val.bin and returns the meta.
+    A DataError means the input cannot work: the staging folder goes, so nothing half-made is left.
+    Any other stop (a crash, Ctrl-C, a kill) keeps it, for the next run to resume.
+    """
+    tokens = Path(root).expanduser() / "tokens"
+    entry, staging = tokens / key, tokens / f"{key}.partial"
+    (tokens / ".locks").mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(tokens / ".locks" / f"{key}.lock"))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        log.info("another process is preparing these tokens; waiting for it (%s)", staging)
+        lock.acquire()
+    try:
+        if (done := open_cache(entry)) is not None:
+            return done
+        staging.mkdir(exist_ok=True)
+        if not (staging / "meta.json").is_file():
+            try:
+                meta = build(staging)
+            except DataError:
+                shutil.rmtree(staging, ignore_errors=True)
+                raise
+            write_json(staging / "meta.json", meta)
+        for leftover in staging.iterdir():  # work files of the build; the entry keeps only its own
+            if leftover.name not in ("tokenizer.json", "train.bin", "val.bin", "meta.json"):
+                shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
+        if entry.exists():  # left by something other than this code; never whole, or open_cache would say so
+            shutil.rmtree(entry)
+        staging.rename(entry)
+    finally:
+        lock.release()
+    return open_cache(entry)

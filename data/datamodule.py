@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 
 import lightning as L
@@ -12,8 +13,9 @@ from tokenizers import Tokenizer
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from .cache import TokenCache, build_cache, find_cache, fingerprint
-from .sources import DataError, load_splits
-from .tokenizer import build_tokenizer, eot_id
+from .errors import DataError
+from .prepare import prepare_tokens, tokenizer_identity
+from .sources import Source, describe
 
 log = logging.getLogger(__name__)
 
@@ -76,43 +78,77 @@ class TextDataModule(L.LightningDataModule):
 
     `prepare()` may be called before the model exists: the model needs `vocab_size`. A ready
     `tokenizer` (e.g. the one of a checkpoint being fine-tuned) is used as it is, instead of one
-    built from `tokenizer_cfg`.
+    built from `tokenizer_cfg`. `progress`, if given, is called with each shard's record as the
+    corpus is tokenized (counts of tokens and characters so far in that shard).
     """
 
     def __init__(
-        self, data_cfg, tokenizer_cfg, block_size: int, seed: int, num_batches: int, tokenizer: Tokenizer | None = None
+        self,
+        data_cfg,
+        tokenizer_cfg,
+        block_size: int,
+        seed: int,
+        num_batches: int,
+        tokenizer: Tokenizer | None = None,
+        progress: Callable[[dict], None] | None = None,
     ):
         super().__init__()
         self.data_cfg, self.tokenizer_cfg, self.given_tokenizer = data_cfg, tokenizer_cfg, tokenizer
         self.block_size, self.seed, self.num_batches = block_size, seed, num_batches
         self.batch_size = data_cfg.batch_size
+        self.progress = progress
+        self.tokenized_chars, self.last_report = 0, time.monotonic()
         self.cache: TokenCache | None = None
         self.source: str | None = None
 
     # ---- preparation -----------------------------------------------------------------------------
 
     def prepare(self) -> TokenCache:
-        """Load the text, train the tokenizer and tokenize, unless the cache already holds the result."""
+        """Find the text and tokenize it, unless the cache already holds the result."""
         if self.cache is not None:
             return self.cache
-        splits = load_splits(self.data_cfg)
-        self.source = splits.source
-        texts = {"train": splits.train, "val": splits.val}
-        if self.given_tokenizer is not None:
-            settings = {"tokenizer": {"given": self.given_tokenizer.to_str()}}
-        else:
-            settings = {"tokenizer": dict(self.tokenizer_cfg)}
-        key = fingerprint(texts, settings)
+        source = describe(self.data_cfg)
+        self.source = source.label
+        key = fingerprint(source.identity, tokenizer_identity(self.tokenizer_cfg, self.given_tokenizer))
         cache = find_cache(self.data_cfg.cache_dir, key)
         if cache is None:
-            log.info("tokenizing %s (%d characters); later runs reuse the result", splits.source, sum(map(len, splits.train)) + splits.val_chars)
-            tokenizer = self.given_tokenizer or build_tokenizer(self.tokenizer_cfg, splits.train)
-            cache = build_cache(self.data_cfg.cache_dir, key, tokenizer, texts, eot_id(tokenizer))
+            log.info("tokenizing %s once; later runs with the same data and tokenizer reuse the result", source.label)
+            started = time.perf_counter()
+            cache = build_cache(self.data_cfg.cache_dir, key, lambda staging: self.tokenize(staging, source))
+            meta = cache.meta
+            log.info(
+                "%s: %s training and %s validation tokens (%.1f s) in %s",
+                source.label,
+                f"{meta['train_tokens']:,}",
+                f"{meta['val_tokens']:,}",
+                time.perf_counter() - started,
+                cache.folder,
+            )
         else:
-            log.info("using cached tokens of %s from %s", splits.source, cache.folder)
+            log.info("using cached tokens of %s from %s", source.label, cache.folder)
         self.check_sizes(cache)
         self.cache = cache
         return cache
+
+    def tokenize(self, staging, source: Source) -> dict:
+        return prepare_tokens(
+            staging,
+            source,
+            self.tokenizer_cfg,
+            self.given_tokenizer,
+            num_proc=self.data_cfg.get("num_proc"),
+            shard_chars=self.data_cfg.get("shard_chars"),  # characters per shard; smaller resumes more finely
+            progress=self.report,
+        )
+
+    def report(self, record: dict) -> None:
+        """Called as each shard is finished: passes it on, and logs how far tokenizing is every 10 s."""
+        if self.progress is not None:
+            self.progress(record)
+        self.tokenized_chars += record["train_chars"] + record["val_chars"]
+        if time.monotonic() - self.last_report >= 10:
+            log.info("tokenized %.1f M characters so far", self.tokenized_chars / 1e6)
+            self.last_report = time.monotonic()
 
     def check_sizes(self, cache: TokenCache) -> None:
         need = self.block_size + 1
@@ -193,4 +229,3 @@ class TextDataModule(L.LightningDataModule):
 def batches_for(max_steps: int, accumulate: int) -> int:
     """Training batches a run will draw; unbounded (max_steps=-1, e.g. time-limited runs) gets a huge count."""
     return max_steps * accumulate if max_steps and max_steps > 0 else 2**40 - 1
-

@@ -1,136 +1,291 @@
-"""Where text comes from: Tiny Shakespeare, a user's own files, or an offline fallback corpus.
+"""Where text comes from: a user's files, a Hugging Face Hub dataset, Tiny Shakespeare, or the offline
+pydoc corpus. All are read through HF `datasets`, as streams (data.corpus).
 
-Every source is read with HF `datasets` and ends as a list of documents (strings), split into a
-training part and a validation part.
+`describe(cfg)` is cheap: it finds the text and says what identifies it (file sizes and times,
+dataset names), which is what the token cache is keyed by. Reading waits until `Source.open`, which
+a run whose tokens are cached never calls.
 """
 
 from __future__ import annotations
 
-import glob
+import hashlib
 import logging
-import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import datasets
 
+from .corpus import Corpus, Part
+from .errors import DataError
+from .files import expand_paths, file_stats, find_not_utf8, text_rows
+
 log = logging.getLogger(__name__)
 
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
-
-
-class DataError(ValueError):
-    """Data that cannot be used; the message names the file or setting and how to fix it."""
+VALIDATION_SPLITS = ("validation", "valid", "val", "dev")  # what data.val_split=auto looks for
+TEXT_ROW = datasets.Features({"text": datasets.Value("string"), "continues": datasets.Value("bool")})
 
 
 @dataclass
-class TextSplits:
-    train: list[str]
-    val: list[str]
-    source: str  # where the text came from, for logs and the run folder
-
-    @property
-    def val_chars(self) -> int:
-        return sum(len(doc) for doc in self.val)
+class Source:
+    label: str  # where the text comes from, for logs
+    identity: dict  # what the text is, for the cache key
+    open: Callable[[int | None], Corpus]  # piece_chars -> the corpus (long plain-text documents in pieces)
 
 
-def split_by_characters(documents: list[str], val_fraction: float) -> tuple[list[str], list[str]]:
-    """First (1 - val_fraction) of all characters train, the rest validate; the document that
-    straddles the boundary is cut in two, so a single-file corpus splits as char-rnn and nanoGPT do."""
-    if not 0.0 < val_fraction < 1.0:
-        raise DataError(f"data.val_fraction must be between 0 and 1 (exclusive), got {val_fraction}")
-    total = sum(len(doc) for doc in documents)
-    boundary = int(total * (1.0 - val_fraction))
-    train, val, seen = [], [], 0
-    for doc in documents:
-        if seen + len(doc) <= boundary:
-            train.append(doc)
-        elif seen >= boundary:
-            val.append(doc)
-        else:
-            cut = boundary - seen
-            train.append(doc[:cut])
-            val.append(doc[cut:])
-        seen += len(doc)
-    return [d for d in train if d], [d for d in val if d]
+def describe(cfg) -> Source:
+    kind = cfg.source
+    if kind == "shakespeare":
+        return shakespeare_source(cfg)
+    if kind == "text":
+        if not cfg.get("path"):
+            raise DataError(
+                "data=text needs data.path: a file, a folder or a glob of .txt, .jsonl, .csv or .parquet files"
+            )
+        return files_source(cfg, cfg.path)
+    if kind == "hub":
+        return hub_source(cfg)
+    if kind == "pydoc":
+        return pydoc_source(cfg)
+    raise DataError(f"unknown data.source {kind!r}; use text, hub, shakespeare or pydoc")
 
 
-def read_documents(files: list[str]) -> list[str]:
-    """Each file is one document, read through the datasets `text` builder."""
+# ---- local files -------------------------------------------------------------------------------------
+
+
+def files_source(cfg, path: str) -> Source:
+    fmt = cfg.get("format", "auto")
+    files, fmt = expand_paths(path, "data.path", fmt)
+    val_files = expand_paths(cfg.val_path, "data.val_path", fmt)[0] if cfg.get("val_path") else None
+    reading = reading_settings(cfg, fmt)
+    identity = {"kind": "files", "format": fmt, **reading, "train": file_stats(files)}
+    if val_files:
+        identity["val"] = file_stats(val_files)
+    else:
+        identity["val_fraction"] = cfg.val_fraction
+    label = files[0] if len(files) == 1 else str(path)
+
+    def open_corpus(piece_chars: int | None) -> Corpus:
+        parts = [file_part(files, fmt, reading, piece_chars, "train" if val_files else "tail", label)]
+        if val_files:
+            parts.append(file_part(val_files, fmt, reading, piece_chars, "val", str(cfg.val_path)))
+        return Corpus(parts, cfg.val_fraction)
+
+    return Source(label, identity, open_corpus)
+
+
+def reading_settings(cfg, fmt: str) -> dict:
+    """The settings that change what text a format's files give."""
+    errors = cfg.get("errors", "strict")
+    if errors not in ("strict", "replace", "ignore"):
+        raise DataError(f"data.errors={errors!r} is not a choice; use strict, replace or ignore")
+    if fmt == "txt":
+        per = cfg.get("one_document_per", "file")
+        if per not in ("file", "line"):
+            raise DataError(f"data.one_document_per={per!r} is not a choice; use file or line")
+        return {"errors": errors, "one_document_per": per}
+    return {"errors": errors, "text_column": cfg.get("text_column", "text")}
+
+
+def file_part(files: list[str], fmt: str, reading: dict, piece_chars: int | None, split: str, where: str) -> Part:
+    if fmt == "txt":
+        kwargs = {
+            "files": files,
+            "one_document_per": reading["one_document_per"],
+            "errors": reading["errors"],
+            "piece_chars": piece_chars,
+        }
+        return Part(
+            rows=lambda: datasets.IterableDataset.from_generator(text_rows, features=TEXT_ROW, gen_kwargs=kwargs),
+            split=split,
+            where=where,
+            lines=reading["one_document_per"] == "line",
+            batch_rows=1,  # rows are long pieces of files: a shard may end after any one
+        )
+    options = {}
+    if reading["errors"] != "strict" and fmt in ("json", "csv"):  # parquet holds UTF-8 by definition
+        # the json builder re-decodes (with encoding_errors) only for an encoding not spelled "utf-8"
+        options = (
+            {"encoding": "utf8", "encoding_errors": reading["errors"]}
+            if fmt == "json"
+            else {"encoding_errors": reading["errors"]}
+        )
+    return Part(
+        rows=lambda: datasets.load_dataset(fmt, data_files=files, split="train", streaming=True, **options),
+        split=split,
+        column=reading["text_column"],
+        where=where,
+        explain=lambda err: explain_file_error(err, files, fmt, where),
+    )
+
+
+def explain_file_error(err: Exception, files: list[str], fmt: str, where: str) -> Exception:
+    """A failure inside the datasets readers, as one line that names the file."""
+    chain, cause = [], err
+    while cause is not None and len(chain) < 10:
+        chain.append(cause)
+        cause = cause.__cause__ or cause.__context__
+    about_utf8 = any(isinstance(e, UnicodeDecodeError) or "utf8" in str(e).lower().replace("-", "") for e in chain)
+    if about_utf8 and (bad := find_not_utf8(files)) is not None:
+        return bad
+    innermost = str(chain[-1]).strip().splitlines()
+    reason = innermost[0].rstrip(".") if innermost else type(chain[-1]).__name__
+    return DataError(f"{where} cannot be read as {fmt}: {reason}; check the file or set data.format")
+
+
+# ---- Hugging Face Hub ----------------------------------------------------------------------------------
+
+
+def hub_source(cfg) -> Source:
+    name = cfg.get("name")
+    if not name:
+        raise DataError(
+            "data=hub needs data.name: a dataset on the Hugging Face Hub (owner/name) or a local dataset folder"
+        )
+    keys = ("name", "config", "split", "val_split", "revision", "text_column", "streaming")
+    settings = {key: cfg.get(key) for key in keys}
+    identity = {"kind": "hub", **settings, "val_fraction": cfg.val_fraction}
+    folder = Path(str(name)).expanduser()
+    if folder.is_dir():  # a local copy: its files say whether it changed
+        files = (
+            p
+            for p in folder.rglob("*")
+            if p.is_file() and not any(x.startswith(".") for x in p.relative_to(folder).parts)
+        )
+        identity["files"] = file_stats(sorted(map(str, files)))
+    split = cfg.get("split") or "train"
+
+    def open_corpus(piece_chars: int | None) -> Corpus:
+        val_split = resolve_val_split(cfg, split)
+        rule = "train" if val_split else ("every" if cfg.get("streaming") else "tail")
+        parts = [hub_part(cfg, split, rule)]
+        if val_split:
+            parts.append(hub_part(cfg, val_split, "val"))
+        return Corpus(parts, cfg.val_fraction)
+
+    return Source(str(name), identity, open_corpus)
+
+
+def hub_part(cfg, split: str, rule: str) -> Part:
+    streaming = bool(cfg.get("streaming"))
+
+    def rows() -> datasets.IterableDataset:
+        with hub_errors(cfg.name):
+            ds = datasets.load_dataset(
+                cfg.name, cfg.get("config"), split=split, revision=cfg.get("revision"), streaming=streaming
+            )
+        return ds if streaming else ds.to_iterable_dataset()
+
+    return Part(
+        rows=rows,
+        split=rule,
+        column=cfg.get("text_column", "text"),
+        where=f"{cfg.name} ({split})",
+        streaming=streaming,
+        explain=lambda err: hub_error(err, cfg.name),
+    )
+
+
+def resolve_val_split(cfg, train_split: str) -> str | None:
+    """The split to validate on: data.val_split, or with `auto` the dataset's validation split if it
+    has one; None means the data.val_fraction of the training split."""
+    wanted = cfg.get("val_split", "auto")
+    if wanted in (None, "", "none", "null"):
+        return None
+    with hub_errors(cfg.name):
+        names = datasets.get_dataset_split_names(cfg.name, cfg.get("config"), revision=cfg.get("revision"))
+    if train_split.split("[")[0] not in names:
+        raise DataError(f"data.split={train_split} is not a split of {cfg.name}; it has {', '.join(names)}")
+    if wanted == "auto":
+        return next((s for s in VALIDATION_SPLITS if s in names and s != train_split), None)
+    if wanted.split("[")[0] not in names:
+        raise DataError(
+            f"data.val_split={wanted} is not a split of {cfg.name}; it has {', '.join(names)} "
+            "(or set data.val_split=null to validate on the last data.val_fraction of the training split)"
+        )
+    return wanted
+
+
+@contextmanager
+def hub_errors(name: str) -> Iterator[None]:
+    """Turns the ways loading a Hub dataset fails into one-line DataErrors."""
     try:
-        ds = datasets.load_dataset("text", data_files=files, sample_by="document", split="train")
-    except UnicodeDecodeError as err:
-        raise DataError(f"a file in {files[:3]} is not UTF-8 text ({err.reason} at byte {err.start})") from None
-    return [text for text in ds["text"] if text]
+        yield
+    except DataError:
+        raise
+    except Exception as err:
+        explained = hub_error(err, name)
+        if explained is err:
+            raise
+        raise explained from None
 
 
-def expand_text_paths(path: str) -> list[str]:
-    """A file, a folder (every .txt below it) or a glob, as a sorted list of files."""
-    path = os.path.expanduser(str(path))
-    if os.path.isdir(path):
-        files = sorted(str(p) for p in Path(path).rglob("*.txt") if p.is_file())
-        if not files:
-            raise DataError(f"data.path folder {path} holds no .txt files")
-        return files
-    if os.path.isfile(path):
-        return [path]
-    if glob.has_magic(path):
-        files = sorted(f for f in glob.glob(path, recursive=True) if os.path.isfile(f))
-        if not files:
-            raise DataError(f"data.path glob {path!r} matches no files; check the pattern")
-        return files
-    raise DataError(f"data.path {path} does not exist; give a .txt file, a folder of them, or a glob")
+def hub_error(err: Exception, name: str) -> Exception:
+    message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    if isinstance(err, ConnectionError) or "offline" in message.lower():
+        return DataError(
+            f"data.name={name}: the Hugging Face Hub cannot be reached (offline?) and the dataset is not in "
+            "the local datasets cache; download it where there is a network and point data.name at the local "
+            "dataset folder, or use data=text data.path=<its files>"
+        )
+    if isinstance(err, datasets.exceptions.DatasetNotFoundError):
+        return DataError(
+            f"data.name={name} is neither a dataset on the Hugging Face Hub nor a local folder; check the name"
+        )
+    if isinstance(err, (FileNotFoundError, ValueError)):
+        return DataError(f"data.name={name}: {message}")
+    return err
 
 
-def pydoc_documents() -> list[str]:
-    """Python's own help topics: an English corpus that ships with every Python."""
-    from pydoc_data.topics import topics
-
-    ds = datasets.Dataset.from_dict({"text": [topics[key] for key in sorted(topics)]})
-    return list(ds["text"])
+# ---- Tiny Shakespeare and the offline pydoc corpus ----------------------------------------------------
 
 
-def find_shakespeare(path: str | None, cache_dir: str, local_copies: list[str], url: str) -> tuple[list[str], str]:
-    """Tiny Shakespeare from data.path, else a local copy, else a download (then cached);
+def shakespeare_source(cfg) -> Source:
+    """Tiny Shakespeare from data.path, else the cache, else a local copy, else a download (then cached);
     with none of those, the offline pydoc corpus, with one warning line."""
-    if path:
-        files = expand_text_paths(path)
-        return read_documents(files), files[0] if len(files) == 1 else path
-    cached = Path(cache_dir).expanduser() / "sources" / "tinyshakespeare" / "input.txt"
-    for candidate in [cached, *(Path(p).expanduser() for p in local_copies or [])]:
-        if candidate.is_file():
-            return read_documents([str(candidate)]), str(candidate)
-    try:
-        documents = [t for t in datasets.load_dataset("text", data_files=url, sample_by="document", split="train")["text"] if t]
-    except Exception as err:  # no network, a proxy, a moved URL: all mean "not available now"
-        log.debug("download of %s failed: %s", url, err)
+    if cfg.get("path"):
+        return files_source(cfg, cfg.path)
+    found = find_shakespeare(cfg.cache_dir, cfg.get("local_copies") or [], cfg.get("url") or SHAKESPEARE_URL)
+    if found is None:
         log.warning(
             "Tiny Shakespeare is not available (no local copy, download failed): training on the offline "
             "pydoc corpus instead; set data.path=/path/to/input.txt to use a local copy"
         )
-        return pydoc_documents(), "pydoc_data.topics (offline fallback)"
+        return pydoc_source(cfg, label="pydoc_data.topics (offline fallback)")
+    return files_source(cfg, found)
+
+
+def find_shakespeare(cache_dir: str, local_copies: list[str], url: str) -> str | None:
+    cached = Path(cache_dir).expanduser() / "sources" / "tinyshakespeare" / "input.txt"
+    for candidate in [cached, *(Path(p).expanduser() for p in local_copies)]:
+        if candidate.is_file():
+            return str(candidate)
+    try:
+        ds = datasets.load_dataset("text", data_files=url, sample_by="document", split="train")
+    except Exception as err:  # no network, a proxy, a moved URL: all mean "not available now"
+        log.debug("download of %s failed: %s", url, err)
+        return None
     cached.parent.mkdir(parents=True, exist_ok=True)
     partial = cached.with_suffix(".partial")
-    partial.write_text("".join(documents), encoding="utf-8")
+    partial.write_text("".join(t for t in ds["text"] if t), encoding="utf-8")
     partial.replace(cached)  # a file at the cached path is always complete
-    return documents, url
+    return str(cached)
 
 
-def load_splits(cfg) -> TextSplits:
-    """The configured source as training and validation documents."""
-    source = cfg.source
-    if source == "shakespeare":
-        documents, where = find_shakespeare(cfg.get("path"), cfg.cache_dir, cfg.get("local_copies") or [], cfg.url)
-    elif source == "text":
-        if not cfg.get("path"):
-            raise DataError("data=text needs data.path: a .txt file, a folder of them, or a glob")
-        files = expand_text_paths(cfg.path)
-        documents, where = read_documents(files), cfg.path
-    elif source == "pydoc":
-        documents, where = pydoc_documents(), "pydoc_data.topics"
-    else:
-        raise DataError(f"unknown data.source {source!r}; use shakespeare, text or pydoc")
-    if not any(documents):
-        raise DataError(f"{where} holds no text")
-    train, val = split_by_characters(documents, cfg.val_fraction)
-    return TextSplits(train, val, where)
+def pydoc_source(cfg, label: str = "pydoc_data.topics") -> Source:
+    """Python's own help topics, one document each: an English corpus that ships with every Python."""
+    from pydoc_data.topics import topics
+
+    texts = [topics[key] for key in sorted(topics)]
+    digest = hashlib.sha256("\0".join(texts).encode()).hexdigest()
+    identity = {"kind": "pydoc", "sha256": digest, "val_fraction": cfg.val_fraction}
+
+    def rows() -> datasets.IterableDataset:
+        return datasets.Dataset.from_dict({"text": texts}).to_iterable_dataset()
+
+    def open_corpus(piece_chars: int | None) -> Corpus:
+        return Corpus([Part(rows, "tail", where=label)], cfg.val_fraction)
+
+    return Source(label, identity, open_corpus)

@@ -1,15 +1,27 @@
-"""Tokenizers, all built with HF `tokenizers` and stored as one `tokenizer.json`."""
+"""Tokenizers, all built with HF `tokenizers` and stored as one `tokenizer.json` string.
+
+    bpe         GPT-2 style byte-level BPE trained on the training split (a bounded sample of it)
+    char        one token per character seen in the training split
+    pretrained  an existing tokenizer.json, or a Hugging Face tokenizer folder, read from disk
+
+Every tokenizer has `<|endoftext|>`, the token that separates documents.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import json
+import os
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from .sources import DataError
+from .errors import DataError
 
 EOT = "<|endoftext|>"
+UNK = "<|unk|>"  # char tokenizer: a character the training split never showed
 BYTE_ALPHABET = 256
+ANY_CHARACTER = r"[\s\S]"
 
 
 def train_bpe(texts: Iterable[str], vocab_size: int) -> Tokenizer:
@@ -35,12 +47,157 @@ def train_bpe(texts: Iterable[str], vocab_size: int) -> Tokenizer:
     return tokenizer
 
 
-def build_tokenizer(cfg, train_texts: list[str]) -> Tokenizer:
-    """The tokenizer that tokenizer.kind asks for, trained on the training split."""
-    if cfg.kind == "bpe":
-        return train_bpe(train_texts, cfg.vocab_size)
-    raise DataError(f"unknown tokenizer.kind {cfg.kind!r}; use bpe")
+def train_char(texts: Iterable[str]) -> Tokenizer:
+    """One token per character, ids in character order (as char-rnn and nanoGPT's shakespeare_char),
+    then <|endoftext|> and <|unk|>; decoding joins the characters back without spaces."""
+    alphabet: set[str] = set()
+    for text in texts:
+        alphabet.update(text)
+    if not alphabet:
+        raise DataError("the training split holds no text to take characters from")
+    vocab = {char: i for i, char in enumerate(sorted(alphabet))}
+    for special in (EOT, UNK):
+        vocab[special] = len(vocab)
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token=UNK))
+    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(ANY_CHARACTER), behavior="isolated")
+    tokenizer.decoder = decoders.Fuse()
+    tokenizer.add_special_tokens([EOT, UNK])
+    return tokenizer
+
+
+def load_pretrained(path: str | os.PathLike | None) -> Tokenizer:
+    """A tokenizer.json file, or a folder holding one (or GPT-2's original vocab.json + merges.txt).
+
+    Truncation and padding settings are dropped (documents are encoded whole), and <|endoftext|> is
+    added as a special token if the vocabulary lacks it.
+    """
+    if not path:
+        raise DataError(
+            "tokenizer=pretrained needs tokenizer.path: a tokenizer.json or a Hugging Face tokenizer folder"
+        )
+    path = Path(path).expanduser()
+    if path.is_dir():
+        if (path / "tokenizer.json").is_file():
+            tokenizer = read_tokenizer_json(path / "tokenizer.json")
+        elif (path / "vocab.json").is_file() and (path / "merges.txt").is_file():
+            tokenizer = Tokenizer(models.BPE.from_file(str(path / "vocab.json"), str(path / "merges.txt")))
+            tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+            tokenizer.decoder = decoders.ByteLevel()
+        else:
+            raise DataError(
+                f"tokenizer.path folder {path} holds no tokenizer.json (nor vocab.json + merges.txt); "
+                "point it at a Hugging Face tokenizer folder or a tokenizer.json file"
+            )
+    elif path.is_file():
+        tokenizer = read_tokenizer_json(path)
+    else:
+        raise DataError(
+            f"tokenizer.path {path} does not exist; give a tokenizer.json or a Hugging Face tokenizer folder"
+        )
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
+    tokenizer.add_special_tokens([EOT])  # keeps the id the vocabulary gives it, if it has one
+    return tokenizer
+
+
+def read_tokenizer_json(file: Path) -> Tokenizer:
+    try:
+        return Tokenizer.from_file(str(file))
+    except Exception as err:  # the library says only "expected value at line 1 column 1" and the like
+        raise DataError(f"tokenizer.path {file} is not a tokenizer.json that `tokenizers` can read ({err})") from None
+
+
+def pretrained_files(path: str | os.PathLike | None) -> list[str]:
+    """The files load_pretrained reads, so that a changed tokenizer is noticed."""
+    if not path:
+        return []
+    path = Path(path).expanduser()
+    if path.is_dir():
+        return sorted(str(p) for p in path.iterdir() if p.name in ("tokenizer.json", "vocab.json", "merges.txt"))
+    return [str(path)] if path.is_file() else []
+
+
+def build_tokenizer(cfg, train_texts: Callable[[int | None], Iterator[str]]) -> Tokenizer:
+    """The tokenizer that tokenizer.kind asks for. train_texts(n) gives the training split's text, at
+    most n characters of it spread over the whole split (None: all of it)."""
+    kind = cfg.kind
+    if kind == "bpe":
+        return train_bpe(train_texts(cfg.get("max_train_chars")), cfg.vocab_size)
+    if kind == "char":
+        return train_char(train_texts(None))
+    if kind == "pretrained":
+        return load_pretrained(cfg.get("path"))
+    raise DataError(f"unknown tokenizer.kind {kind!r}; use bpe, char or pretrained")
 
 
 def eot_id(tokenizer: Tokenizer) -> int | None:
     return tokenizer.token_to_id(EOT)
+
+
+# ---- splitting long texts without changing their tokens ----------------------------------------------
+#
+# A long document is encoded in pieces (to bound memory and to spread the work), which is only right
+# if the pieces give the same ids as the whole. With GPT-2's byte-level pre-tokenizer that holds at two
+# kinds of places: after a newline that follows a non-space and precedes a letter ("day,\nAnd"), and
+# before a space between two letters ("good| morrow"). In both, the regex ends one pre-token and starts
+# the next no matter what else the text holds, and BPE never merges across pre-tokens.
+
+
+def splits_safely(tokenizer: Tokenizer) -> bool:
+    """True for tokenizers whose pieces at safe_cut places give the same ids as the whole text:
+    byte-level BPE with GPT-2's regex and no prefix space or normalizer, and the char tokenizer."""
+    spec = json.loads(tokenizer.to_str())
+    if spec.get("normalizer") is not None:
+        return False
+    pre = spec.get("pre_tokenizer") or {}
+    if pre.get("type") == "ByteLevel":
+        return pre.get("use_regex", True) and not pre.get("add_prefix_space", False)
+    return pre.get("type") == "Split" and pre.get("pattern") == {"Regex": ANY_CHARACTER}
+
+
+def is_safe_cut(text: str, p: int) -> bool:
+    if p < 2 or p >= len(text) - 1:
+        return False
+    if text[p - 1] == "\n":
+        return text[p].isalpha() and not text[p - 2].isspace()
+    return text[p] == " " and text[p - 1].isalpha() and text[p + 1].isalpha()
+
+
+def safe_cut(text: str, end: int, start: int = 0) -> int:
+    """The last position p in (start, end] where text[:p] and text[p:] tokenize as the whole does;
+    0 if there is none."""
+    best = 0
+    for mark, shift in (("\n", 1), (" ", 0)):  # a cut goes after a newline, or at a space
+        at = text.rfind(mark, start + 1, end + 1 - shift)
+        while at != -1 and at + shift > best and not is_safe_cut(text, at + shift):
+            at = text.rfind(mark, start + 1, at)
+        if at != -1 and at + shift > best:
+            best = at + shift
+    return best
+
+
+def next_safe_cut(text: str, start: int) -> int:
+    """The first safe position at or after start; 0 if none."""
+    best = 0
+    for mark, shift in (("\n", 1), (" ", 0)):
+        at = text.find(mark, max(start - shift, 1))
+        while at > 0 and (best == 0 or at + shift < best) and not is_safe_cut(text, at + shift):
+            at = text.find(mark, at + 1)
+        if at > 0 and (best == 0 or at + shift < best):
+            best = at + shift
+    return best
+
+
+def safe_pieces(text: str, size: int) -> list[str]:
+    """text cut at safe places into pieces of about `size` characters (longer where no place is safe)."""
+    pieces, start = [], 0
+    while len(text) - start > size:
+        cut = safe_cut(text, start + size, start)
+        if cut == 0:  # nothing safe in this stretch: go on to the first safe place after it
+            cut = next_safe_cut(text, start + size)
+            if cut <= start:
+                break
+        pieces.append(text[start:cut])
+        start = cut
+    pieces.append(text[start:])
+    return pieces

@@ -28,3 +28,26 @@ TINY = [
 
 # Only the model and tokenizer of TINY, for presets that set the rest themselves.
 TINY_MODEL = TINY[:5]
+
+
+def data_config(cache_dir, **values):
+    """A data config as the yaml files give it, with the text source and a private cache."""
+    from omegaconf import OmegaConf
+
+    base = dict(
+        source="text",
+        path=None,
+        url="file:///nonexistent/input.txt",
+        local_copies=[],
+        cache_dir=str(cache_dir),
+        val_fraction=0.1,
+        batch_size=4,
+        num_workers=0,
+    )
+    return OmegaConf.create({**base, **values})
+
+
+def bpe_config(vocab_size: int = 300, **values):
+    from omegaconf import OmegaConf
+
+    return OmegaConf.create({"kind": "bpe", "vocab_size": vocab_size, "max_train_chars": 10_000_000, **values})

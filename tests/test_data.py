@@ -1,49 +1,124 @@
-"""Data: sources, the character split, the tokenizer, the token cache and the windows."""
+"""Data: sources and formats, the train/validation split, document separators, and the windows."""
 
 from __future__ import annotations
 
+import functools
+import http.server
+import json
 import logging
+import threading
 
+import datasets
 import numpy as np
 import pytest
 import torch
-from omegaconf import OmegaConf
 
-import data.datamodule as datamodule_module
-from data import DataError
+from data.corpus import Corpus, Part, windows
 from data.datamodule import ContiguousWindows, RandomWindows, TextDataModule
-from data.sources import expand_text_paths, load_splits, split_by_characters
+from data.files import expand_paths
+from data.sources import describe
 from data.tokenizer import EOT, train_bpe
 
+from .common import bpe_config, data_config
 
-def data_cfg(tmp_path, **values):
-    base = dict(
-        source="text",
-        path=None,
-        url="file:///nonexistent/input.txt",
-        local_copies=[],
-        cache_dir=str(tmp_path / "cache"),
-        val_fraction=0.1,
-        batch_size=4,
-        num_workers=0,
+
+def prepared(tmp_path, block_size=8, tokenizer=None, **data):
+    dm = TextDataModule(
+        data_config(tmp_path / "cache", **data), tokenizer or bpe_config(), block_size, seed=3, num_batches=50
     )
-    return OmegaConf.create({**base, **values})
+    dm.prepare()
+    return dm
+
+
+def documents_of(dm, split="train"):
+    """The documents of a split, as the token ids give them back."""
+    tokenizer, ids = dm.tokenizer, dm.cache.ids(split).tolist()
+    eot = tokenizer.token_to_id(EOT)
+    docs, current = [], []
+    for token in ids + [eot]:
+        if token == eot:
+            docs.append(tokenizer.decode(current))
+            current = []
+        else:
+            current.append(token)
+    return docs
+
+
+def reference_split(docs, val_fraction):
+    """The last val_fraction of the characters validate; the document on the boundary is cut in two."""
+    boundary = int(sum(map(len, docs)) * (1.0 - val_fraction))
+    train, val, seen = [], [], 0
+    for doc in docs:
+        if seen + len(doc) <= boundary:
+            train.append(doc)
+        elif seen >= boundary:
+            val.append(doc)
+        else:
+            train.append(doc[: boundary - seen])
+            val.append(doc[boundary - seen :])
+        seen += len(doc)
+    return train, val
+
+
+def in_memory_part(texts, split="tail", **fields):
+    return Part(
+        lambda: datasets.Dataset.from_dict({"text": texts, **fields}).to_iterable_dataset(), split, where="memory"
+    )
+
+
+def walk_items(corpus):
+    return [item[:3] for items in corpus.walk() for item in items]
+
+
+# ---- the split --------------------------------------------------------------------------------------
 
 
 def test_character_split_is_ninety_ten_like_char_rnn(tmp_path, shakespeare):
-    splits = load_splits(data_cfg(tmp_path, source="shakespeare", path=str(shakespeare)))
+    dm = prepared(tmp_path, source="shakespeare", path=str(shakespeare))
     text = shakespeare.read_text(encoding="utf-8")
     assert len(text) == 1_115_394
     n_train = int(len(text) * 0.9)
-    assert splits.train == [text[:n_train]] and splits.val == [text[n_train:]]
-    assert splits.val_chars == len(text) - n_train
+    assert dm.tokenizer.decode(dm.cache.ids("train").tolist()) == text[:n_train]
+    assert dm.tokenizer.decode(dm.cache.ids("val").tolist()) == text[n_train:]
+    meta = dm.cache.meta
+    assert meta["train_chars"] == n_train and meta["val_chars"] == len(text) - n_train
+    assert dm.val_tokens_per_char == len(dm.cache.ids("val")) / (len(text) - n_train)
+    assert dm.cache.ids("train").dtype == np.uint16 and dm.source == str(shakespeare)
 
 
 def test_split_cuts_only_the_document_on_the_boundary():
-    train, val = split_by_characters(["aaaa", "bbbb", "cc"], 0.2)  # 10 chars: 8 train, 2 val
-    assert train == ["aaaa", "bbbb"] and val == ["cc"]
-    train, val = split_by_characters(["aaaaa", "bbbbb"], 0.3)  # boundary inside the second
-    assert train == ["aaaaa", "bb"] and val == ["bbb"]
+    corpus = Corpus([in_memory_part(["aaaa", "bbbb", "cc"])], 0.2)  # 10 characters: 8 train, 2 validate
+    assert walk_items(corpus) == [("train", "aaaa", False), ("train", "bbbb", True), ("val", "cc", False)]
+    corpus = Corpus([in_memory_part(["aaaaa", "bbbbb"])], 0.3)  # the boundary is inside the second
+    assert walk_items(corpus) == [("train", "aaaaa", False), ("train", "bb", True), ("val", "bbb", False)]
+
+
+def test_a_document_read_in_pieces_is_one_document():
+    part = in_memory_part(["aa", "bb", "cc", "dd"], continues=[False, True, False, True])
+    expected = [
+        ("train", "aa", False),
+        ("train", "bb", False),
+        ("train", "c", True),
+        ("val", "c", False),
+        ("val", "dd", False),
+    ]
+    assert walk_items(Corpus([part], 0.375)) == expected  # 8 characters, 5 train
+
+
+def test_a_stream_validates_every_tenth_document():
+    part = in_memory_part([f"doc {i}" for i in range(30)], split="every")
+    items = walk_items(Corpus([part], 0.1))
+    assert [text for split, text, _ in items if split == "val"] == ["doc 9", "doc 19", "doc 29"]
+    assert [sep for split, _, sep in items if split == "val"] == [False, True, True]
+
+
+def test_the_tokenizer_sample_is_spread_over_the_whole_corpus():
+    texts = ["a" * 500, "b" * 500, "c" * 500, "d" * 500]
+    sample = "".join(windows(iter(texts), total=2000, budget=200))
+    assert 180 <= len(sample) <= 200 and set(sample) == {"a", "b", "c", "d"}
+
+
+# ---- sources and formats ----------------------------------------------------------------------------
 
 
 def test_text_source_reads_a_folder_and_a_glob(tmp_path):
@@ -51,81 +126,14 @@ def test_text_source_reads_a_folder_and_a_glob(tmp_path):
     (folder / "sub").mkdir(parents=True)
     (folder / "a.txt").write_text("first book " * 20)
     (folder / "sub" / "b.txt").write_text("second book " * 20)
-    (folder / "notes.md").write_text("not a .txt file")
-    assert [p.rsplit("/", 1)[-1] for p in expand_text_paths(str(folder))] == ["a.txt", "b.txt"]
-    assert len(expand_text_paths(str(folder / "*.txt"))) == 1
-    splits = load_splits(data_cfg(tmp_path, path=str(folder)))
-    assert "".join(splits.train + splits.val) == ("first book " * 20) + ("second book " * 20)
-
-
-@pytest.mark.parametrize(
-    "path, message",
-    [("missing.txt", "does not exist"), ("nothing-*.txt", "matches no files")],
-)
-def test_bad_text_paths_say_what_is_wrong(tmp_path, path, message):
-    with pytest.raises(DataError, match=message):
-        load_splits(data_cfg(tmp_path, path=str(tmp_path / path)))
-
-
-def test_shakespeare_falls_back_to_pydoc_offline_with_one_warning(tmp_path, caplog):
-    cfg = data_cfg(tmp_path, source="shakespeare")  # no path, nothing cached, no local copy, dead URL
-    with caplog.at_level(logging.WARNING):
-        splits = load_splits(cfg)
-    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
-    assert len(warnings) == 1 and "pydoc" in warnings[0].getMessage() and "\n" not in warnings[0].getMessage()
-    assert splits.source.startswith("pydoc")
-    assert sum(map(len, splits.train)) > 100_000  # a real corpus, not a stub
-
-
-def test_shakespeare_is_found_in_a_local_copy(tmp_path, shakespeare):
-    splits = load_splits(data_cfg(tmp_path, source="shakespeare", local_copies=[str(shakespeare)]))
-    assert splits.source == str(shakespeare)
-
-
-def test_byte_level_bpe_round_trips_any_text(small_text):
-    tokenizer = train_bpe([small_text.read_text()], vocab_size=400)
-    assert tokenizer.get_vocab_size() == 400 and tokenizer.token_to_id(EOT) is not None
-    sample = "ROMEO: Thou art — déjà vu 🙂 \n\n  odd   spacing"
-    assert tokenizer.decode(tokenizer.encode(sample).ids) == sample
-
-
-def test_too_small_vocabulary_is_refused():
-    with pytest.raises(DataError, match="at least 257"):
-        train_bpe(["some text"], vocab_size=200)
-
-
-def make_datamodule(tmp_path, path, block_size=32, vocab_size=300, **data):
-    cfg = data_cfg(tmp_path, path=str(path), **data)
-    return TextDataModule(cfg, OmegaConf.create({"kind": "bpe", "vocab_size": vocab_size}), block_size, seed=3, num_batches=50)
-
-
-def test_second_preparation_reuses_the_cache(tmp_path, small_text, monkeypatch):
-    first = make_datamodule(tmp_path, small_text).prepare()
-    assert (first.folder / "meta.json").is_file()
-    calls = []
-    monkeypatch.setattr(datamodule_module, "build_tokenizer", lambda *a: calls.append(a))
-    second = make_datamodule(tmp_path, small_text).prepare()
-    assert calls == [] and second.folder == first.folder
-    assert np.array_equal(second.ids("train"), first.ids("train"))
-
-
-def test_changed_text_or_tokenizer_gets_a_new_cache_entry(tmp_path, small_text):
-    base = make_datamodule(tmp_path, small_text).prepare().folder
-    assert make_datamodule(tmp_path, small_text, vocab_size=320).prepare().folder != base
-    small_text_copy = tmp_path / "changed.txt"
-    small_text_copy.write_text(small_text.read_text() + " one more line")
-    assert make_datamodule(tmp_path, small_text_copy).prepare().folder != base
-
-
-def test_cached_ids_decode_back_to_the_text(tmp_path, small_text):
-    dm = make_datamodule(tmp_path, small_text)
-    cache = dm.prepare()
-    text = small_text.read_text()
-    n_train = int(len(text) * 0.9)
-    assert dm.tokenizer.decode(cache.ids("train").tolist()) == text[:n_train]
-    assert dm.tokenizer.decode(cache.ids("val").tolist()) == text[n_train:]
-    assert cache.ids("train").dtype == np.uint16
-    assert dm.val_tokens_per_char == pytest.approx(len(cache.ids("val")) / (len(text) - n_train))
+    (folder / "notes.md").write_text("not one of the formats")
+    (folder / ".hidden").mkdir()
+    (folder / ".hidden" / "c.txt").write_text("a hidden file")
+    assert [p.rsplit("/", 1)[-1] for p in expand_paths(str(folder))[0]] == ["a.txt", "b.txt"]
+    assert len(expand_paths(str(folder / "*.txt"))[0]) == 1
+    dm = prepared(tmp_path, path=str(folder))
+    train, val = reference_split(["first book " * 20, "second book " * 20], 0.1)
+    assert documents_of(dm, "train") == train and documents_of(dm, "val") == val and len(train) == 2
 
 
 def test_documents_are_separated_by_end_of_text(tmp_path):
@@ -133,62 +141,145 @@ def test_documents_are_separated_by_end_of_text(tmp_path):
     folder.mkdir()
     for i in range(3):
         (folder / f"{i}.txt").write_text(f"document number {i}. " * 40)
-    dm = make_datamodule(tmp_path, folder, block_size=8, val_fraction=0.05)
-    ids = dm.prepare().ids("train").tolist()
-    assert ids.count(dm.tokenizer.token_to_id(EOT)) == 2
+    dm = prepared(tmp_path, path=str(folder), val_fraction=0.05)
+    assert dm.cache.ids("train").tolist().count(dm.tokenizer.token_to_id(EOT)) == 2
+    train, val = reference_split([f"document number {i}. " * 40 for i in range(3)], 0.05)
+    assert documents_of(dm, "train") == train and documents_of(dm, "val") == val
 
 
-def test_random_windows_are_shifted_by_one_and_repeatable():
-    ids = np.arange(1000, dtype=np.uint16)
-    windows = RandomWindows(ids, block_size=16, batch_size=4, seed=5, num_batches=10)
-    x, y = windows[3]
-    assert x.shape == y.shape == (4, 16) and x.dtype == torch.long
-    assert torch.equal(y, x + 1)  # targets are the inputs shifted by one
-    assert torch.equal(windows[3][0], RandomWindows(ids, 16, 4, seed=5, num_batches=10)[3][0])
-    assert not torch.equal(windows[3][0], windows[4][0])
+def test_one_document_per_line(tmp_path):
+    lines = [f"line {i} of the file" for i in range(200)]
+    path = tmp_path / "lines.txt"
+    path.write_bytes(("\r\n".join(lines[:100]) + "\n\n\n" + "\n".join(lines[100:]) + "\n").encode())
+    dm = prepared(tmp_path, path=str(path), one_document_per="line", val_fraction=0.25)
+    text = "\n".join(lines)  # blank lines are no documents, and \r is gone
+    boundary = int(len(text) * 0.75)  # inside line 151, which becomes two documents
+    assert documents_of(dm, "train") == text[:boundary].split("\n")
+    assert documents_of(dm, "val") == text[boundary:].split("\n")
+    assert dm.cache.meta["train_chars"] + dm.cache.meta["val_chars"] == sum(map(len, lines))
 
 
-def test_validation_windows_cover_the_split_once():
-    ids = np.arange(101, dtype=np.uint16)
-    windows = ContiguousWindows(ids, block_size=10)
-    assert len(windows) == 10
-    targets = torch.cat([windows[i][1] for i in range(len(windows))])
-    assert torch.equal(targets, torch.arange(1, 101))
+@pytest.mark.parametrize("fmt", ["jsonl", "json", "csv", "parquet"])
+def test_tables_give_one_document_per_row(tmp_path, fmt):
+    stories = [f"Once upon a time, story {i} began, and it went on for a while." * 3 for i in range(40)]
+    table = datasets.Dataset.from_dict({"id": list(range(40)), "story": stories})
+    path = tmp_path / f"stories.{fmt}"
+    if fmt == "jsonl":
+        table.to_json(path, lines=True)
+    elif fmt == "json":
+        path.write_text(json.dumps([{"id": i, "story": s} for i, s in enumerate(stories)]))
+    elif fmt == "csv":
+        table.to_csv(path, index=False)
+    else:
+        table.to_parquet(path)
+    dm = prepared(tmp_path, path=str(path), text_column="story", val_fraction=0.15)
+    train, val = reference_split(stories, 0.15)
+    assert documents_of(dm, "train") == train and documents_of(dm, "val") == val
+    assert dm.cache.meta["train_chars"] + dm.cache.meta["val_chars"] == sum(map(len, stories))
 
 
-def test_validation_split_shorter_than_a_window_is_refused(tmp_path, small_text):
-    with pytest.raises(DataError, match="val split has .* fewer than block_size"):
-        make_datamodule(tmp_path, small_text, block_size=20_000).prepare()
+def test_validation_files_replace_the_fraction(tmp_path, small_text):
+    val = tmp_path / "held_out.txt"
+    val.write_text("A held-out play, in a file of its own.\n" * 30)
+    dm = prepared(tmp_path, path=str(small_text), val_path=str(val))
+    assert dm.tokenizer.decode(dm.cache.ids("train").tolist()) == small_text.read_text()
+    assert dm.tokenizer.decode(dm.cache.ids("val").tolist()) == val.read_text()
+
+
+def hub_folder(tmp_path, splits=("train", "validation"), rows=60):
+    folder = tmp_path / "tiny_stories"
+    folder.mkdir()
+    for split in splits:
+        texts = [f"{split} story {i}: a cat sat on a mat and then it ran away." for i in range(rows)]
+        datasets.Dataset.from_dict({"text": texts}).to_json(folder / f"{split}.jsonl", lines=True)
+    return folder
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_hub_dataset_validates_on_its_validation_split(tmp_path, streaming):
+    folder = hub_folder(tmp_path)
+    dm = prepared(tmp_path, source="hub", name=str(folder), split="train", val_split="auto", streaming=streaming)
+    assert documents_of(dm, "train") == [
+        f"train story {i}: a cat sat on a mat and then it ran away." for i in range(60)
+    ]
+    assert documents_of(dm, "val") == [
+        f"validation story {i}: a cat sat on a mat and then it ran away." for i in range(60)
+    ]
+
+
+def test_hub_dataset_without_a_validation_split_uses_the_fraction(tmp_path):
+    folder = hub_folder(tmp_path, splits=("train",), rows=100)
+    whole = prepared(tmp_path, source="hub", name=str(folder), val_split="auto", streaming=False)
+    texts = [f"train story {i}: a cat sat on a mat and then it ran away." for i in range(100)]
+    assert (documents_of(whole, "train"), documents_of(whole, "val")) == reference_split(texts, 0.1)
+    streamed = prepared(tmp_path, source="hub", name=str(folder), val_split="auto", streaming=True)
+    assert documents_of(streamed, "val") == texts[9::10]
+
+
+def test_pydoc_corpus(tmp_path):
+    dm = prepared(tmp_path, source="pydoc")
+    assert dm.source == "pydoc_data.topics" and dm.cache.meta["train_chars"] > 400_000
+
+
+def test_shakespeare_falls_back_to_pydoc_offline_with_one_warning(tmp_path, caplog):
+    cfg = data_config(tmp_path / "cache", source="shakespeare")  # no path, nothing cached, no copy, dead URL
+    with caplog.at_level(logging.WARNING):
+        source = describe(cfg)
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and "pydoc" in warnings[0].getMessage() and "\n" not in warnings[0].getMessage()
+    assert source.label.startswith("pydoc")
+    assert source.open(None).size(0) > 400_000  # a real corpus, not a stub
+
+
+def test_shakespeare_is_found_in_a_local_copy(tmp_path, shakespeare):
+    source = describe(data_config(tmp_path / "cache", source="shakespeare", local_copies=[str(shakespeare)]))
+    assert source.label == str(shakespeare)
 
 
 def test_shakespeare_is_downloaded_once_then_read_from_the_cache(tmp_path, small_text):
     """The download path, against a real HTTP server on this machine."""
-    import functools
-    import http.server
-    import threading
-
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(small_text.parent))
     handler.log_message = lambda *args: None
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         url = f"http://127.0.0.1:{server.server_port}/{small_text.name}"
-        cfg = data_cfg(tmp_path, source="shakespeare", url=url)
-        downloaded = load_splits(cfg)
+        cfg = data_config(tmp_path / "cache", source="shakespeare", url=url)
+        downloaded = describe(cfg)
     finally:
         server.shutdown()
-    assert downloaded.source == url
     cached = tmp_path / "cache" / "sources" / "tinyshakespeare" / "input.txt"
-    assert cached.read_text() == small_text.read_text()
-    again = load_splits(cfg)  # the server is gone: the cache must serve
-    assert again.source == str(cached) and again.train == downloaded.train
+    assert downloaded.label == str(cached) and cached.read_text() == small_text.read_text()
+    again = describe(cfg)  # the server is gone: the cache must serve
+    assert again.label == str(cached) and again.identity == downloaded.identity
+
+
+# ---- windows ----------------------------------------------------------------------------------------
+
+
+def test_random_windows_are_shifted_by_one_and_repeatable():
+    ids = np.arange(1000, dtype=np.uint16)
+    windows_ = RandomWindows(ids, block_size=16, batch_size=4, seed=5, num_batches=10)
+    x, y = windows_[3]
+    assert x.shape == y.shape == (4, 16) and x.dtype == torch.long
+    assert torch.equal(y, x + 1)  # targets are the inputs shifted by one
+    assert torch.equal(windows_[3][0], RandomWindows(ids, 16, 4, seed=5, num_batches=10)[3][0])
+    assert not torch.equal(windows_[3][0], windows_[4][0])
+
+
+def test_validation_windows_cover_the_split_once():
+    ids = np.arange(101, dtype=np.uint16)
+    windows_ = ContiguousWindows(ids, block_size=10)
+    assert len(windows_) == 10
+    targets = torch.cat([windows_[i][1] for i in range(len(windows_))])
+    assert torch.equal(targets, torch.arange(1, 101))
 
 
 def test_a_given_tokenizer_is_used_as_it_is(tmp_path, small_text, monkeypatch):
+    import data.prepare
+
     given = train_bpe(["a completely different corpus, " * 50], vocab_size=280)
     calls = []
-    monkeypatch.setattr(datamodule_module, "build_tokenizer", lambda *a: calls.append(a))
-    dm = TextDataModule(
-        data_cfg(tmp_path, path=str(small_text)), OmegaConf.create({"kind": "bpe", "vocab_size": 300}), 32, 0, 1, tokenizer=given
-    )
+    monkeypatch.setattr(data.prepare, "build_tokenizer", lambda *a: calls.append(a))
+    dm = TextDataModule(data_config(tmp_path / "cache", path=str(small_text)), bpe_config(), 32, 0, 1, tokenizer=given)
     assert dm.vocab_size == 280 and dm.tokenizer_json == given.to_str() and calls == []

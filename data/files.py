@@ -1,0 +1,163 @@
+"""Local files: which files a path means, their format, and plain text read in bounded pieces.
+
+A path (data.path, data.val_path) is a file, a folder (its files of one format, searched
+recursively, hidden ones skipped) or a glob. The format goes by extension: .jsonl/.json, .csv and
+.parquet are tables with a text column; .txt is plain text, and so is a single file of any other
+extension. data.format names the format when extensions do not tell.
+"""
+
+from __future__ import annotations
+
+import codecs
+import glob
+import os
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+from .errors import DataError
+from .tokenizer import safe_pieces
+
+FORMATS = {".txt": "txt", ".text": "txt", ".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
+READ_BYTES = 1 << 20
+
+
+def expand_paths(path, setting: str = "data.path", fmt: str = "auto") -> tuple[list[str], str]:
+    """The files a path means, sorted, and their one format."""
+    if fmt not in ("auto", *set(FORMATS.values())):
+        raise DataError(f"data.format={fmt!r} is not a format; use auto, txt, json, csv or parquet")
+    path = os.path.expanduser(str(path))
+    if os.path.isdir(path):
+        root = Path(path)
+        files = sorted(
+            str(p)
+            for p in root.rglob("*")
+            if p.is_file()
+            and p.suffix.lower() in FORMATS
+            and fmt in ("auto", FORMATS[p.suffix.lower()])
+            and not any(part.startswith(".") for part in p.relative_to(root).parts)
+        )
+        if not files:
+            kinds = ".txt, .jsonl, .json, .csv or .parquet" if fmt == "auto" else f"{fmt} format"
+            raise DataError(f"{setting} folder {path} holds no files of {kinds}")
+    elif os.path.isfile(path):
+        files = [path]
+    elif glob.has_magic(path):
+        files = sorted(f for f in glob.glob(path, recursive=True) if os.path.isfile(f))
+        if not files:
+            raise DataError(f"{setting} glob {path!r} matches no files; check the pattern")
+    else:
+        raise DataError(f"{setting} {path} does not exist; give a file, a folder or a glob")
+    formats = Counter(format_of(f, fmt) for f in files)
+    if len(formats) > 1:
+        found = ", ".join(f"{n} {kind}" for kind, n in formats.most_common())
+        raise DataError(f"{setting} {path} mixes formats ({found}); choose one with data.format=txt|json|csv|parquet")
+    check_not_empty(files, path, setting)
+    return files, next(iter(formats))
+
+
+def format_of(file: str, fmt: str = "auto") -> str:
+    return fmt if fmt != "auto" else FORMATS.get(Path(file).suffix.lower(), "txt")
+
+
+def check_not_empty(files: list[str], path: str, setting: str) -> None:
+    if any(os.path.getsize(f) > 0 for f in files):
+        return
+    if len(files) == 1:
+        raise DataError(f"{setting} file {files[0]} is empty; give a file with text in it")
+    raise DataError(f"{setting} {path}: all {len(files)} files are empty")
+
+
+def file_stats(files: list[str]) -> list[tuple[str, int, int]]:
+    """What identifies the files' content cheaply, as make and git do: path, size, modification time."""
+    stats = []
+    for f in files:
+        st = os.stat(f)
+        stats.append((os.path.abspath(f), st.st_size, st.st_mtime_ns))
+    return stats
+
+
+# ---- reading -----------------------------------------------------------------------------------------
+
+
+def read_text(path: str, errors: str = "strict") -> Iterator[str]:
+    """The file decoded as UTF-8 a block at a time (a leading byte-order mark dropped). A byte that is
+    not UTF-8 stops it with a DataError naming the file, the byte and its line, unless errors=replace."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors)
+    offset = 0
+    with open(path, "rb") as f:
+        while True:
+            block = f.read(READ_BYTES)
+            if offset == 0 and block.startswith(codecs.BOM_UTF8):
+                block, offset = block[len(codecs.BOM_UTF8) :], len(codecs.BOM_UTF8)
+            pending = len(decoder.getstate()[0])  # bytes of a character cut by the previous block
+            try:
+                text = decoder.decode(block, final=not block)
+            except UnicodeDecodeError as err:
+                raise not_utf8(path, offset - pending + err.start) from None
+            if text:
+                yield text
+            if not block:
+                return
+            offset += len(block)
+
+
+def not_utf8(path: str, at: int) -> DataError:
+    with open(path, "rb") as f:
+        head = f.read(at + 1)
+    line = head.count(b"\n", 0, at) + 1
+    return DataError(
+        f"{path} is not UTF-8 text: byte {at} (line {line}) is 0x{head[at]:02x}; convert the file to UTF-8, "
+        "or set data.errors=replace to read such bytes as U+FFFD"
+    )
+
+
+def find_not_utf8(files: list[str]) -> DataError | None:
+    """The first file with a byte that is not UTF-8, as an error naming it; None if all are clean."""
+    for path in files:
+        try:
+            for _ in read_text(path):
+                pass
+        except DataError as err:
+            return err
+    return None
+
+
+def document_pieces(path: str, errors: str, piece_chars: int | None) -> Iterator[dict]:
+    """A file as one document, in rows of about piece_chars characters cut where tokenizing the
+    pieces gives the same ids as tokenizing the whole (tokenizer.safe_cut); piece_chars=None reads
+    the whole file as one row. Rows after the first continue the document."""
+    carry, first = "", True
+    for text in read_text(path, errors):
+        carry += text
+        if piece_chars is None:
+            continue
+        pieces = safe_pieces(carry, piece_chars)
+        carry = pieces.pop()  # where reading stopped is not known to be a safe place to cut
+        for piece in pieces:
+            yield {"text": piece, "continues": not first}
+            first = False
+    if carry:
+        yield {"text": carry, "continues": not first}
+
+
+def line_documents(path: str, errors: str) -> Iterator[dict]:
+    """Every non-empty line of a file is a document (a Windows line end's \r dropped); a row holds
+    the lines of one block read, joined by newlines."""
+    carry = ""
+    for text in read_text(path, errors):
+        lines = (carry + text).replace("\r\n", "\n").split("\n")
+        carry = lines.pop()  # the line this block cut, finished by the next one
+        if chunk := "\n".join(filter(None, lines)):
+            yield {"text": chunk, "continues": False}
+    if carry := carry.removesuffix("\r"):
+        yield {"text": carry, "continues": False}
+
+
+def text_rows(files: list[str], one_document_per: str, errors: str, piece_chars: int | None) -> Iterator[dict]:
+    """Rows of plain-text files, for datasets.IterableDataset.from_generator (which shards by file)."""
+    for path in files:
+        if one_document_per == "line":
+            yield from line_documents(path, errors)
+        else:
+            yield from document_pieces(path, errors, piece_chars)

@@ -1,0 +1,95 @@
+"""Preparing a corpus: tokenizer, then token ids, into a staging folder that data.cache renames into place.
+
+Each step leaves its result in the staging folder (tokenizer.json, then one record per shard), so a
+preparation that stops part way goes on where it stopped.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+from tokenizers import Tokenizer
+
+from .cache import FORMAT_VERSION, token_dtype
+from .errors import DataError
+from .files import file_stats
+from .shards import PIECE_CHARS, SHARD_CHARS, encode_corpus, join_shards, read_records
+from .sources import Source
+from .tokenizer import build_tokenizer, pretrained_files, splits_safely
+
+log = logging.getLogger(__name__)
+
+
+def tokenizer_identity(cfg, given: Tokenizer | None) -> dict[str, Any]:
+    """What decides the tokenizer, for the cache key: its settings (and the files of a pretrained one),
+    or the whole of a given one."""
+    if given is not None:
+        return {"given": given.to_str()}
+    settings = OmegaConf.to_container(cfg, resolve=True) if OmegaConf.is_config(cfg) else dict(cfg)
+    if settings.get("kind") == "pretrained":
+        settings["files"] = file_stats(pretrained_files(settings.get("path")))
+    return settings
+
+
+def default_num_proc() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def prepare_tokens(
+    staging: Path,
+    source: Source,
+    tokenizer_cfg,
+    given: Tokenizer | None = None,
+    num_proc: int | None = None,
+    shard_chars: int | None = None,
+    progress: Callable[[dict], None] | None = None,
+) -> dict[str, Any]:
+    """Build the tokenizer (unless given, or made by an earlier, stopped run) and tokenize the corpus
+    into staging/{tokenizer.json, train.bin, val.bin}; returns the meta of the cache entry."""
+    tokenizer_file = staging / "tokenizer.json"
+    corpus = None
+    if tokenizer_file.is_file():
+        tokenizer = Tokenizer.from_file(str(tokenizer_file))
+    else:
+        if given is not None:
+            tokenizer = given
+        else:
+            started = time.perf_counter()
+            corpus = source.open(PIECE_CHARS)
+            tokenizer = build_tokenizer(tokenizer_cfg, corpus.train_texts)
+            log.info(
+                "tokenizer: %s, %d tokens (%.1f s)",
+                tokenizer_cfg.kind,
+                tokenizer.get_vocab_size(),
+                time.perf_counter() - started,
+            )
+        tmp = staging / ".tokenizer.json.tmp"
+        tmp.write_text(tokenizer.to_str(), encoding="utf-8")
+        os.replace(tmp, tokenizer_file)
+
+    can_split = splits_safely(tokenizer)
+    if corpus is None or not can_split:  # a tokenizer that cannot take documents in pieces reads them whole
+        corpus = source.open(PIECE_CHARS if can_split else None)
+    vocab_size = tokenizer.get_vocab_size()
+    dtype = token_dtype(vocab_size)
+    shards = staging / "shards"
+    counts = encode_corpus(
+        corpus,
+        tokenizer,
+        can_split,
+        shards,
+        dtype.name,
+        num_proc or default_num_proc(),
+        shard_chars or SHARD_CHARS,
+        progress,
+    )
+    if counts["train_tokens"] == 0:
+        raise DataError(f"{source.label} holds no training text")
+    join_shards(shards, len(read_records(shards)), staging)
+    return {"format": FORMAT_VERSION, "dtype": dtype.name, "vocab_size": vocab_size, "source": source.label, **counts}

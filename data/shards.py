@@ -1,0 +1,227 @@
+"""Tokenizing a corpus in shards, across processes, writing as it goes.
+
+The corpus is read in order and cut into shards of about `shard_chars` characters. Worker processes
+encode a shard each (with `encode_batch_fast`) and append its ids to their own files; the reading
+process keeps only a few shards in flight, so memory stays flat however large the corpus is. A shard
+is finished when its record (counts, and where reading stands after it) is written, in order, so a
+stopped preparation goes on after its last record. The shards are then joined into train.bin and
+val.bin.
+
+    <staging>/shards/000012.train.bin   ids of shard 12's training text
+                    000012.val.bin
+                    000012.json         its record; written last
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import itertools
+import json
+import logging
+import multiprocessing
+import os
+import shutil
+import signal
+import sys
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from .cache import write_json
+from .corpus import Corpus, Item
+from .tokenizer import EOT, safe_pieces
+
+log = logging.getLogger(__name__)
+
+SHARD_CHARS = 4_000_000
+ENCODE_CHARS = 1_000_000  # characters per encode_batch_fast call: bounds the Encoding objects alive at once
+PIECE_CHARS = 65_536  # long documents are encoded in pieces about this long, cut where ids do not change
+SPLITS = ("train", "val")
+COUNTS = ("train_tokens", "train_chars", "val_tokens", "val_chars")
+
+
+@dataclass
+class Shard:
+    index: int
+    items: list[Item]
+    position: dict  # where reading stands after this shard
+
+
+class ShardEncoder:
+    """Encodes one shard's items into <folder>/<index>.<split>.bin; returns the counts."""
+
+    def __init__(self, tokenizer_json: str, folder: Path, dtype: str, can_split: bool):
+        self.tokenizer = Tokenizer.from_str(tokenizer_json)
+        self.folder, self.dtype, self.can_split = Path(folder), np.dtype(dtype), can_split
+        eot = self.tokenizer.token_to_id(EOT)  # a given tokenizer may lack it: documents then simply follow on
+        self.separator = np.array([eot] if eot is not None else [], dtype=self.dtype)
+
+    def __call__(self, index: int, items: list[Item]) -> dict[str, int]:
+        counts = dict.fromkeys(COUNTS, 0)
+        with contextlib.ExitStack() as stack:
+            files = {
+                split: stack.enter_context(open(self.folder / f"{index:06d}.{split}.bin", "wb")) for split in SPLITS
+            }
+            for batch in self.batches(self.documents(items)):
+                encodings = self.tokenizer.encode_batch_fast([text for _, text, _ in batch], add_special_tokens=False)
+                chunks: dict[str, list[np.ndarray]] = {split: [] for split in SPLITS}
+                for (split, text, separator), encoding in zip(batch, encodings):
+                    if separator:
+                        chunks[split].append(self.separator)
+                    chunks[split].append(np.array(encoding.ids, dtype=self.dtype))
+                    counts[f"{split}_chars"] += len(text)
+                for split, arrays in chunks.items():
+                    if arrays:
+                        ids = np.concatenate(arrays)
+                        ids.tofile(files[split])
+                        counts[f"{split}_tokens"] += len(ids)
+        return counts
+
+    def documents(self, items: list[Item]) -> Iterator[tuple[str, str, bool]]:
+        """(split, text, separator_before) for each document or piece of one."""
+        for split, text, separator, lines in items:
+            if lines:
+                for line in text.split("\n"):
+                    if line:
+                        yield split, line, separator
+                        separator = True
+            elif self.can_split and len(text) > 2 * PIECE_CHARS:
+                for piece in safe_pieces(text, PIECE_CHARS):
+                    yield split, piece, separator
+                    separator = False
+            else:
+                yield split, text, separator
+
+    @staticmethod
+    def batches(documents: Iterator[tuple[str, str, bool]]) -> Iterator[list[tuple[str, str, bool]]]:
+        batch, size = [], 0
+        for doc in documents:
+            batch.append(doc)
+            size += len(doc[1])
+            if size >= ENCODE_CHARS:
+                yield batch
+                batch, size = [], 0
+        if batch:
+            yield batch
+
+
+def read_records(folder: Path) -> list[dict]:
+    """The records of finished shards 0, 1, 2, ... up to the first one missing."""
+    records = []
+    while (path := folder / f"{len(records):06d}.json").is_file():
+        records.append(json.loads(path.read_text()))
+    return records
+
+
+def cut_shards(corpus: Corpus, first: int, position: dict | None, shard_chars: int) -> Iterator[Shard]:
+    walk = corpus.walk(copy.deepcopy(position))
+    items, size, index = [], 0, first
+    for batch in walk:
+        items += batch
+        size += sum(len(item[1]) for item in batch)
+        if size >= shard_chars:
+            yield Shard(index, items, copy.deepcopy(walk.position))
+            items, size, index = [], 0, index + 1
+    if items:
+        yield Shard(index, items, copy.deepcopy(walk.position))
+
+
+def encode_corpus(
+    corpus: Corpus,
+    tokenizer: Tokenizer,
+    can_split: bool,
+    folder: Path,
+    dtype: str,
+    num_proc: int,
+    shard_chars: int = SHARD_CHARS,
+    progress: Callable[[dict], None] | None = None,
+) -> dict[str, int]:
+    """Tokenize the corpus into shard files under folder, going on after the shards already recorded
+    there; returns the total counts."""
+    folder.mkdir(parents=True, exist_ok=True)
+    records = read_records(folder)
+    if records:
+        log.info("resuming: %d shards already tokenized", len(records))
+    shards = cut_shards(corpus, len(records), records[-1]["position"] if records else None, shard_chars)
+    args = (tokenizer.to_str(), folder, dtype, can_split)
+
+    def finish(shard: Shard, counts: dict[str, int]) -> None:
+        record = {"index": shard.index, **counts, "position": shard.position}
+        write_json(folder / f"{shard.index:06d}.json", record)
+        records.append(record)
+        if progress is not None:
+            progress(record)
+
+    head = list(itertools.islice(shards, 2))
+    if num_proc <= 1 or len(head) < 2:  # one shard (or one process): encode here, on all cores
+        encode = ShardEncoder(*args)
+        for shard in itertools.chain(head, shards):
+            finish(shard, encode(shard.index, shard.items))
+    else:
+        with WorkerPool(num_proc, args) as pool:
+            pending: deque[tuple[Shard, Future]] = deque()
+            for shard in itertools.chain(head, shards):
+                pending.append((shard, pool.submit(encode_in_worker, shard.index, shard.items)))
+                while len(pending) > 2 * num_proc or (pending and pending[0][1].done()):
+                    done, future = pending.popleft()
+                    finish(done, future.result())
+            while pending:
+                done, future = pending.popleft()
+                finish(done, future.result())
+    return {key: sum(r[key] for r in records) for key in COUNTS}
+
+
+def join_shards(folder: Path, count: int, target: Path) -> None:
+    """Concatenate the shards' files, in order, into target/train.bin and target/val.bin."""
+    for split in SPLITS:
+        with open(target / f"{split}.bin", "wb") as out:
+            for index in range(count):
+                with open(folder / f"{index:06d}.{split}.bin", "rb") as part:
+                    shutil.copyfileobj(part, out, 1 << 24)
+
+
+# ---- worker processes ------------------------------------------------------------------------------
+
+_encoder: ShardEncoder | None = None
+
+
+def start_worker(*args) -> None:
+    global _encoder
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the reading process's to handle
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per worker: the workers are the parallelism
+    _encoder = ShardEncoder(*args)
+
+
+def encode_in_worker(index: int, items: list[Item]) -> dict[str, int]:
+    return _encoder(index, items)
+
+
+class WorkerPool:
+    """A process pool whose workers each encode on one thread. Forked where that is safe to do (Linux),
+    so workers start at once; `tokenizers` is told before the fork, so it neither warns nor deadlocks."""
+
+    def __init__(self, num_proc: int, args: tuple):
+        method = "fork" if sys.platform.startswith("linux") else "spawn"
+        previous = os.environ.get("TOKENIZERS_PARALLELISM")
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
+        try:
+            context = multiprocessing.get_context(method)
+            self.pool = ProcessPoolExecutor(num_proc, mp_context=context, initializer=start_worker, initargs=args)
+            self.pool.submit(int).result()  # with fork, every worker starts now, while the setting above holds
+        finally:
+            if previous is None:
+                os.environ.pop("TOKENIZERS_PARALLELISM", None)
+            else:
+                os.environ["TOKENIZERS_PARALLELISM"] = previous
+
+    def __enter__(self) -> ProcessPoolExecutor:
+        return self.pool
+
+    def __exit__(self, *exc) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)

@@ -1,0 +1,194 @@
+"""The token cache: reuse, invalidation, sharded multi-process tokenizing, resuming, one preparer at a time."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import datasets
+import numpy as np
+import pytest
+from omegaconf import OmegaConf
+
+import data.prepare
+from data.cache import find_cache
+from data.datamodule import TextDataModule
+from data.tokenizer import EOT
+
+from .common import ROOT, bpe_config, data_config
+
+
+def datamodule(cache_dir, path, tokenizer=None, progress=None, **data):
+    cfg = data_config(cache_dir, path=str(path), **data)
+    return TextDataModule(cfg, tokenizer or bpe_config(), 32, seed=3, num_batches=50, progress=progress)
+
+
+def entries(cache_dir):
+    tokens = cache_dir / "tokens"
+    return sorted(p.name for p in tokens.iterdir() if not p.name.startswith(".")) if tokens.is_dir() else []
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory, shakespeare):
+    """24 documents, 600 KB: enough for many shards."""
+    folder = tmp_path_factory.mktemp("corpus")
+    text = shakespeare.read_text(encoding="utf-8")
+    for i in range(24):
+        (folder / f"part{i:02d}.txt").write_text(text[i * 25_000 : (i + 1) * 25_000], encoding="utf-8")
+    return folder
+
+
+def test_second_preparation_reuses_the_cache(tmp_path, small_text, monkeypatch):
+    first = datamodule(tmp_path, small_text).prepare()
+    assert (first.folder / "meta.json").is_file() and entries(tmp_path) == [first.folder.name]
+    calls = []
+    monkeypatch.setattr(data.prepare, "build_tokenizer", lambda *a: calls.append(a))
+    monkeypatch.setattr(data.prepare, "encode_corpus", lambda *a, **k: calls.append(a))
+    second = datamodule(tmp_path, small_text).prepare()
+    assert calls == [] and second.folder == first.folder
+    assert np.array_equal(second.ids("train"), first.ids("train"))
+
+
+def test_changed_text_or_tokenizer_gets_a_new_cache_entry(tmp_path, small_text):
+    copy = tmp_path / "copy.txt"
+    copy.write_text(small_text.read_text())
+    base = datamodule(tmp_path, copy).prepare().folder
+    assert datamodule(tmp_path, copy, bpe_config(vocab_size=320)).prepare().folder != base
+    assert datamodule(tmp_path, copy, val_fraction=0.2).prepare().folder != base
+    copy.write_text(small_text.read_text() + " one more line")  # the same file, changed
+    changed = datamodule(tmp_path, copy)
+    assert changed.prepare().folder != base
+    assert changed.tokenizer.decode(changed.cache.ids("val").tolist()).endswith(" one more line")
+
+
+def test_processes_and_shard_sizes_do_not_change_the_ids(tmp_path, corpus):
+    one = datamodule(tmp_path / "a", corpus, num_proc=1).prepare()
+    many = datamodule(tmp_path / "b", corpus, num_proc=2, shard_chars=30_000).prepare()
+    assert np.array_equal(one.ids("train"), many.ids("train")) and np.array_equal(one.ids("val"), many.ids("val"))
+    assert one.meta == many.meta
+    # and they are the documents, each encoded whole, joined by end-of-text
+    tokenizer = datamodule(tmp_path / "a", corpus).tokenizer
+    texts = [p.read_text() for p in sorted(corpus.iterdir())]
+    n_train_docs = int(sum(map(len, texts)) * 0.9) // 25_000
+    expected = []
+    for i, text in enumerate(texts[:n_train_docs]):
+        expected += ([tokenizer.token_to_id(EOT)] if i else []) + tokenizer.encode(text).ids
+    assert one.ids("train")[: len(expected)].tolist() == expected
+
+
+@pytest.fixture(scope="module")
+def jsonl_corpus(tmp_path_factory, shakespeare):
+    """The same text as 600 JSON Lines records."""
+    path = tmp_path_factory.mktemp("jsonl") / "speeches.jsonl"
+    text = shakespeare.read_text(encoding="utf-8")
+    datasets.Dataset.from_dict({"text": [text[i * 1000 : (i + 1) * 1000] for i in range(600)]}).to_json(
+        path, lines=True
+    )
+    return path
+
+
+@pytest.mark.parametrize("kind", ["txt", "jsonl"])
+def test_an_interrupted_preparation_resumes_where_it_stopped(tmp_path, corpus, jsonl_corpus, kind):
+    corpus = corpus if kind == "txt" else jsonl_corpus
+    clean = datamodule(tmp_path / "clean", corpus, num_proc=1).prepare()
+
+    def stop_after_three(record):
+        if record["index"] == 2:
+            raise KeyboardInterrupt  # as Ctrl-C would, between shards
+
+    with pytest.raises(KeyboardInterrupt):
+        datamodule(tmp_path / "c", corpus, progress=stop_after_three, num_proc=2, shard_chars=40_000).prepare()
+    tokens = tmp_path / "c" / "tokens"
+    (staging,) = tokens.glob("*.partial")
+    assert find_cache(tmp_path / "c", staging.name.removesuffix(".partial")) is None  # not mistaken for an entry
+    assert sorted(p.name for p in (staging / "shards").glob("*.json")) == ["000000.json", "000001.json", "000002.json"]
+
+    encoded = []
+    resumed = datamodule(tmp_path / "c", corpus, progress=encoded.append, num_proc=2, shard_chars=40_000).prepare()
+    assert [r["index"] for r in encoded] == list(range(3, 3 + len(encoded))) and len(encoded) >= 5  # 0-2 were kept
+    assert not staging.exists() and sorted(os.listdir(resumed.folder)) == [
+        "meta.json",
+        "tokenizer.json",
+        "train.bin",
+        "val.bin",
+    ]
+    assert np.array_equal(resumed.ids("train"), clean.ids("train")) and np.array_equal(
+        resumed.ids("val"), clean.ids("val")
+    )
+
+
+CHAR = {"kind": "char"}  # slow enough to stop part way
+KILLABLE = """
+import sys
+sys.path.insert(0, {root!r})
+from omegaconf import OmegaConf
+from tests.common import data_config
+from data.datamodule import TextDataModule
+cfg = data_config({cache!r}, path={path!r}, num_proc=2, shard_chars=20_000)
+TextDataModule(cfg, OmegaConf.create({char!r}), 32, 0, 1).prepare()
+"""
+
+
+@pytest.mark.slow
+def test_a_killed_preparation_resumes_and_a_half_written_shard_is_redone(tmp_path, corpus):
+    script = KILLABLE.format(root=str(ROOT), cache=str(tmp_path / "cache"), path=str(corpus), char=CHAR)
+    proc = subprocess.Popen([sys.executable, "-c", script], start_new_session=True, stderr=subprocess.PIPE)
+    shards = tmp_path / "cache" / "tokens"
+    deadline = time.monotonic() + 120
+    while not any(shards.glob("*.partial/shards/000002.json")) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.002)
+    os.killpg(proc.pid, signal.SIGKILL)  # the preparing process and its workers, mid-way
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.read().decode()[-2000:]
+    assert entries(tmp_path / "cache") == [next(shards.glob("*.partial")).name]
+    done = sorted((next(shards.glob("*.partial")) / "shards").glob("*.json"))
+    assert 3 <= len(done) < 24  # the corpus makes 24 shards
+
+    (staging,) = shards.glob("*.partial")
+    next_bin = staging / "shards" / f"{len(done):06d}.train.bin"
+    next_bin.write_bytes(b"\x01\x02\x03")  # a shard cut off part way, without its record
+
+    encoded = []
+    char = OmegaConf.create(CHAR)
+    resumed = datamodule(tmp_path / "cache", corpus, char, encoded.append, num_proc=2, shard_chars=20_000).prepare()
+    assert encoded[0]["index"] == len(done)
+    clean = datamodule(tmp_path / "clean", corpus, char, num_proc=1).prepare()
+    assert np.array_equal(resumed.ids("train"), clean.ids("train")) and np.array_equal(
+        resumed.ids("val"), clean.ids("val")
+    )
+
+
+def test_a_staging_folder_whose_build_finished_is_completed_not_redone(tmp_path, small_text, monkeypatch):
+    first = datamodule(tmp_path, small_text).prepare()
+    staging = first.folder.with_name(first.folder.name + ".partial")
+    first.folder.rename(staging)  # as if stopped between writing meta.json and the rename
+    monkeypatch.setattr(data.prepare, "encode_corpus", lambda *a, **k: pytest.fail("tokenized again"))
+    again = datamodule(tmp_path, small_text).prepare()
+    assert again.folder == first.folder and not staging.exists()
+
+
+def prepare_in_process(cache_dir, path, results):
+    built = []
+    cache = datamodule(cache_dir, path, progress=built.append, shard_chars=100_000).prepare()
+    results.put((os.getpid(), bool(built), cache.folder.name, int(cache.ids("train").sum())))
+
+
+def test_only_one_process_prepares_the_others_wait_and_read(tmp_path, corpus):
+    context = multiprocessing.get_context("fork")
+    results = context.Queue()
+    procs = [context.Process(target=prepare_in_process, args=(tmp_path, corpus, results)) for _ in range(3)]
+    for p in procs:
+        p.start()
+    outcomes = [results.get(timeout=300) for _ in procs]
+    for p in procs:
+        p.join()
+    assert sum(built for _, built, _, _ in outcomes) == 1  # one tokenized, two found its result
+    assert len({(folder, total) for _, _, folder, total in outcomes}) == 1
+    assert entries(tmp_path) == [outcomes[0][2]]
+    meta = json.loads((tmp_path / "tokens" / outcomes[0][2] / "meta.json").read_text())
+    assert meta["train_tokens"] > 0
