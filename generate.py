@@ -24,6 +24,7 @@ from model.checkpoint import CheckpointError, load_checkpoint
 
 DEFAULT_RUN = Path("outputs/latest")
 EOT = "<|endoftext|>"
+UNK = "<|unk|>"  # what a char tokenizer maps characters it never saw to
 
 
 class UsageError(ValueError):
@@ -100,12 +101,28 @@ def pick_device(name: str) -> torch.device:
 
 def encode_prompt(tokenizer: Tokenizer, prompt: str, start_token: int | None) -> list[int]:
     if prompt:
-        ids = tokenizer.encode(prompt, add_special_tokens=False).ids
-        if ids:
-            return ids
+        encoding = tokenizer.encode(prompt, add_special_tokens=False)
+        unknown = unknown_characters(tokenizer, prompt, encoding)
+        if unknown:
+            shown = ", ".join(repr(c) for c in unknown)
+            raise UsageError(
+                f"the prompt has characters this model's tokenizer never saw in training: {shown}; "
+                "leave them out or replace them"
+            )
+        if encoding.ids:
+            return encoding.ids
     if start_token is None:
         raise UsageError("the prompt is empty and this tokenizer has no <|endoftext|> token to start from; give --prompt")
     return [start_token]
+
+
+def unknown_characters(tokenizer: Tokenizer, prompt: str, encoding) -> list[str]:
+    """The distinct pieces of prompt that the tokenizer could only map to its unknown token."""
+    unk = tokenizer.token_to_id(UNK)
+    if unk is None:
+        return []
+    spans = [encoding.offsets[i] for i, token in enumerate(encoding.ids) if token == unk]
+    return list(dict.fromkeys(prompt[start:end] for start, end in spans))
 
 
 @dataclass

@@ -9,6 +9,7 @@ import logging
 import os
 import re
 import sys
+import tempfile
 from datetime import datetime
 from pathlib import Path
 
@@ -78,13 +79,39 @@ OmegaConf.register_new_resolver("hydra_subdir", hydra_subdir, replace=True)
 # ---- bad command lines: one line each, before Hydra starts --------------------------------------------
 
 
+def unwritable(folder: Path) -> str | None:
+    """Why a run folder could not be made at `folder`, or None when it can."""
+    existing = folder
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is a file, not a folder"
+    try:
+        tempfile.TemporaryDirectory(dir=existing).cleanup()
+    except OSError as err:
+        return f"cannot write in {existing} ({err.strerror})"
+    return None
+
+
+def output_folder_problem(args: list[str]) -> str | None:
+    """A run folder (hydra.run.dir, or one under runs_root) that cannot be written, in one line."""
+    settings = dict(a.split("=", 1) for a in args if "=" in a)
+    for key in ("hydra.run.dir", "runs_root", "hydra.sweep.dir"):
+        if key in settings:
+            problem = unwritable(Path(settings[key]).expanduser().absolute())
+            if problem:
+                return f"{key}={settings[key]}: {problem}; choose a folder you can write to"
+    return None
+
+
 def check_command_line(args: list[str]) -> str | None:
     """Compose the config the way Hydra will and turn a bad override into one line; None when fine.
 
     Command lines with Hydra flags (-m, --cfg, --help, ...) are left to Hydra.
     """
-    if any(a.startswith("-") for a in args):
-        return None
+    problem = output_folder_problem(args)
+    if problem or any(a.startswith("-") for a in args):
+        return problem
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException, MissingConfigException, OverrideParseException
 
@@ -115,6 +142,9 @@ def check_command_line(args: list[str]) -> str | None:
         resume = cfg.get("resume")
         if resume and resume != "auto":
             run_folder_of(resume)
+        init_from = cfg.get("init_from")
+        if init_from and not Path(init_from).expanduser().exists():
+            raise CheckpointError(f"init_from={init_from} does not exist; pass a .ckpt file, a run folder or a Hugging Face folder")
     except USER_ERRORS as err:
         return str(err)
     return None

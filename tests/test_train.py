@@ -48,6 +48,20 @@ def test_required_overrides_compose(small_text, tmp_path):
         assert compose_config(f"model={preset}").model.n_layer == layers
 
 
+def test_experiments_list_only_what_differs_and_compose():
+    cpu = compose_config("experiment=shakespeare_char_cpu")
+    assert (cpu.model.n_layer, cpu.model.n_head, cpu.model.n_embd, cpu.model.block_size) == (4, 4, 128, 64)
+    assert (cpu.data.batch_size, cpu.trainer.max_steps, cpu.tokenizer.kind, cpu.data.source) == (12, 2000, "char", "shakespeare")
+    baby = compose_config("experiment=shakespeare_baby")
+    assert (baby.model.n_layer, baby.model.n_embd, baby.model.block_size, baby.tokenizer.kind) == (6, 384, 256, "char")
+    owt = compose_config("experiment=gpt2_owt", "tokenizer.path=/models/gpt2")
+    assert (owt.model.n_layer, owt.model.n_embd, owt.data.source, owt.data.name) == (12, 768, "hub", "Skylion007/openwebtext")
+    assert (owt.tokens_per_step, owt.trainer.strategy, owt.tokenizer.kind) == (491520, "ddp", "pretrained")
+    for name in ("shakespeare_char_cpu", "shakespeare_baby", "gpt2_owt"):  # only what differs
+        lines = (ROOT / "configs" / "experiment" / f"{name}.yaml").read_text().splitlines()
+        assert len([line for line in lines if line.strip() and not line.lstrip().startswith("#")]) < 45
+
+
 @pytest.mark.slow
 def test_a_composed_config_trains_and_writes_a_checkpoint_that_generates(small_text, tmp_path):
     cfg = compose_config(*TINY, f"data.path={small_text}", "trainer.max_steps=30", "trainer.val_check_interval=10")

@@ -81,6 +81,11 @@ def check_settings(cfg: DictConfig) -> None:
     setting(cfg, "checkpoint.every_n_steps", int, 1)
     setting(cfg, "checkpoint.keep", int, 1)
     setting(cfg, "trainer.val_check_interval", float, 0, allow_none=True)
+    accelerator = str(cfg.trainer.get("accelerator", "auto"))
+    if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
+        raise SettingError(f"trainer.accelerator={accelerator}: this machine has no CUDA GPU; use trainer.accelerator=cpu or auto")
+    if accelerator == "mps" and not torch.backends.mps.is_available():
+        raise SettingError("trainer.accelerator=mps: MPS is not available here; use trainer.accelerator=cpu or auto")
 
 
 def choose_precision(requested: str | None) -> str:
