@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import GPTConfig
+from .decode import OneTokenStep
 from .sampling import Generators, check_sampling, sample
 
 
@@ -26,9 +27,9 @@ class KVCache:
     """
 
     def __init__(self, batch_size: int, n_head: int, max_len: int, head_size: int, device, dtype):
-        shape = (batch_size, n_head, max_len, head_size)
-        self.k = torch.zeros(shape, device=device, dtype=dtype)
-        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        # keys and values side by side, (B, 2, nh, max_len, hs), so that one copy writes both
+        self.kv = torch.zeros((batch_size, 2, n_head, max_len, head_size), device=device, dtype=dtype)
+        self.k, self.v = self.kv[:, 0], self.kv[:, 1]  # views, (B, nh, max_len, hs)
         self.length = 0  # positions filled so far
 
     def update(self, start_pos: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -227,6 +228,11 @@ class GPT(nn.Module):
         for block in self.transformer.h:
             block.attn.kv_cache = None
 
+    def decode_step(self, token: torch.Tensor, pos: int) -> torch.Tensor:
+        """Logits (B, vocab) after feeding token (B,) at position pos, every earlier position being
+        in the KV cache (set_kv_cache): one decoding step, in inference mode."""
+        return OneTokenStep(self)(token, pos)
+
     def cache_length(self) -> int:
         """Positions the KV cache holds now (0 when there is no cache)."""
         cache = self.transformer.h[0].attn.kv_cache
@@ -262,32 +268,40 @@ class GPT(nn.Module):
             raise ValueError("idx must be a (batch, tokens) tensor holding at least one token")
         check_sampling(temperature, top_k, top_p)
         stops = torch.tensor(sorted(set(stop_tokens or ())), dtype=torch.long, device=idx.device)
+        has_stops = stops.numel() > 0
         finished_with = torch.full((idx.size(0),), -1, dtype=torch.long, device=idx.device)  # -1: still going
         block_size = self.config.block_size
         keep = max(1, block_size // 2)
-        tokens = idx
+        tokens = torch.empty(idx.size(0), idx.size(1) + max_new_tokens, dtype=idx.dtype, device=idx.device)
+        tokens[:, : idx.size(1)] = idx
+        total = idx.size(1)  # tokens so far
         window_start = 0  # first token of the current window
         cached = 0  # how many tokens of the window the cache holds
+        step = None  # one-token decoding (inference only: it has no dropout)
         if use_cache:
             self.set_kv_cache(idx.size(0))
+            if not self.training:
+                step = OneTokenStep(self)
         try:
             for _ in range(max_new_tokens):
-                total = tokens.size(1)
                 if total - window_start > block_size:
                     window_start, cached = total - keep, 0
-                if use_cache:
-                    logits = self.last_logits(tokens[:, window_start + cached :], start_pos=cached)
-                    cached = total - window_start
+                if step is not None and total - window_start - cached == 1:
+                    logits = step(tokens[:, total - 1], pos=cached)
+                elif use_cache:  # prefill: the prompt, or the window after a slide
+                    logits = self.last_logits(tokens[:, window_start + cached : total], start_pos=cached)
                 else:
-                    logits = self.last_logits(tokens[:, window_start:])
+                    logits = self.last_logits(tokens[:, window_start:total])
+                cached = total - window_start
                 next_token = sample(logits, temperature, top_k, top_p, generator)
-                if stops.numel():
+                if has_stops:
                     done = finished_with >= 0
                     next_token = torch.where(done, finished_with, next_token)
                     finished_with = torch.where(~done & torch.isin(next_token, stops), next_token, finished_with)
-                tokens = torch.cat((tokens, next_token.unsqueeze(1)), dim=1)
+                tokens[:, total] = next_token
+                total += 1
                 yield next_token
-                if stops.numel() and bool((finished_with >= 0).all()):
+                if has_stops and bool((finished_with >= 0).all()):
                     break
         finally:
             if use_cache:

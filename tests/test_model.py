@@ -205,12 +205,26 @@ def test_lm_head_only_sees_the_last_position_while_generating():
     assert all(shape == (2, 32) for shape in seen)  # (B, C): one position per row, prefill included
 
 
-def test_prefill_runs_the_prompt_once_then_one_token_per_step():
+def test_prefill_runs_the_prompt_once_then_one_token_per_step(monkeypatch):
+    from model.decode import OneTokenStep
+
     gpt = tiny_gpt()
-    lengths = []
-    gpt.transformer.wte.register_forward_hook(lambda module, inputs, output: lengths.append(inputs[0].shape[1]))
+    calls = []
+    trunk, one_step = gpt.trunk, OneTokenStep.__call__
+
+    def record_trunk(idx, start_pos=0):
+        calls.append(("prefill", idx.shape[1], start_pos))
+        return trunk(idx, start_pos)
+
+    def record_step(self, token, pos):
+        calls.append(("step", token.shape, pos))
+        return one_step(self, token, pos)
+
+    gpt.trunk = record_trunk
+    monkeypatch.setattr(OneTokenStep, "__call__", record_step)
     gpt.generate(torch.randint(0, 50, (1, 6)), 5)
-    assert lengths == [6, 1, 1, 1, 1]
+    one = torch.Size([1])
+    assert calls == [("prefill", 6, 0), ("step", one, 6), ("step", one, 7), ("step", one, 8), ("step", one, 9)]
 
 
 def test_cache_is_empty_outside_generation():
@@ -233,3 +247,33 @@ def test_generate_refuses_bad_arguments():
         gpt.generate(idx, 0)
     with pytest.raises(ValueError, match="temperature"):
         gpt.generate(idx, 3, temperature=-1)
+
+
+@pytest.mark.parametrize("kernel", ["sdpa", "explicit"])
+def test_one_decoding_step_equals_the_full_forward(kernel):
+    gpt = tiny_gpt(attention=kernel)
+    idx = torch.randint(0, 50, (3, 9))
+    with torch.no_grad():
+        expected = gpt(idx)[0][:, -1]
+        gpt.set_kv_cache(3)
+        gpt.last_logits(idx[:, :-1])  # prefill the first 8
+        got = gpt.decode_step(idx[:, -1], pos=8)
+        gpt.clear_kv_cache()
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_packed_weights_give_the_same_tokens(monkeypatch):
+    import model.decode as decode
+
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("no oneDNN in this torch build")
+    gpt = tiny_gpt()
+    idx = torch.randint(0, 50, (2, 5))
+    plain = gpt.generate(idx, 11, temperature=0)  # within block_size: one prefill, then 10 steps
+    monkeypatch.setattr(decode, "PACK_ABOVE_BYTES", 0)  # pack even this tiny model
+    assert decode.pack_weights(gpt)
+    seen = []
+    gpt.lm_head.register_forward_hook(lambda *a: seen.append("plain lm_head"))
+    packed = gpt.generate(idx, 11, temperature=0)
+    assert torch.equal(packed, plain)
+    assert len(seen) == 1  # only the prefill used the module; every step ran the packed copy
