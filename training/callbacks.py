@@ -15,6 +15,7 @@ from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
 from tokenizers import Tokenizer
 
 from .flops import device_peak_flops, flops_per_token
+from .module import logging_step
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,8 @@ class Throughput(L.Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self.times.append(time.perf_counter())
         self.tokens.append(batch[0].numel() * trainer.world_size)
+        if not logging_step(trainer, step_done=True):
+            return
         pl_module.log("train/tokens_seen", float(trainer.global_step * self.tokens_per_step))
         if len(self.times) < 2:
             return
