@@ -80,8 +80,10 @@ def test_global_batch_that_does_not_divide():
 
     from training.run import SettingError, accumulation
 
-    cfg = OmegaConf.create({"tokens_per_step": 1000, "data": {"batch_size": 16}, "model": {"block_size": 128}, "trainer": {}})
-    with pytest.raises(SettingError, match=r"tokens_per_step=1000 is not a multiple of .* = 2048; use e.g. 2048"):
+    cfg = OmegaConf.create({"tokens_per_step": 1000, "data": {"batch_size": 32}, "model": {"block_size": 32}})
+    cfg.trainer = {}
+    expected = r"tokens_per_step=1000 is not a multiple of .* = 32 x 32 x 1 = 1024; use e.g. 1024"
+    with pytest.raises(SettingError, match=expected):
         accumulation(cfg, world_size=1)
 
 
