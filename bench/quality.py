@@ -2,6 +2,7 @@
 budget of wall time, ours beside nanoGPT's CPU recipe, in the same run.
 
     python bench/quality.py                       # experiment=shakespeare_75s and nanoGPT's recipe, 75 s each
+    python bench/quality.py --repeats 3           # each three times, and the mean
     python bench/quality.py --seconds 300 --runs default     # the default `python train.py`, 5 minutes
     python bench/quality.py --runs experiment=shakespeare_75s 'model.n_embd=192 optim.lr=3e-3'
 
@@ -53,12 +54,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=int, default=75, help="training time budget per run (default 75)")
     parser.add_argument("--runs", nargs="+", default=list(RUNS), help="override strings, one run each ('default': none)")
+    parser.add_argument("--repeats", type=int, default=1, help="runs of each (the machine's load moves the figures)")
     args = parser.parse_args()
     print(f"Tiny Shakespeare, {args.seconds} s of training per run (trainer.max_time), then the whole validation split\n")
     print(f"{'run':<60} {'val bpc':>8} {'val loss':>9} {'tokens':>10} {'wall s':>7}")
     for overrides in args.runs:
-        r = run(overrides, args.seconds)
-        print(f"{overrides:<60} {r['bpc']:>8.3f} {r['loss']:>9.3f} {r['tokens']:>10,.0f} {r['wall']:>7.0f}", flush=True)
+        results = []
+        for _ in range(args.repeats):
+            r = run(overrides, args.seconds)
+            results.append(r)
+            print(f"{overrides:<60} {r['bpc']:>8.3f} {r['loss']:>9.3f} {r['tokens']:>10,.0f} {r['wall']:>7.0f}", flush=True)
+        if args.repeats > 1:
+            mean = {key: sum(r[key] for r in results) / len(results) for key in results[0]}
+            label = f"  mean of {args.repeats}"
+            print(f"{label:<60} {mean['bpc']:>8.3f} {mean['loss']:>9.3f} {mean['tokens']:>10,.0f} {mean['wall']:>7.0f}")
     print("\ntarget: <= 2.35 bpc in 75 s. val loss is in nats per token of each run's own tokenizer; bpc compares across them")
 
 

@@ -1,8 +1,8 @@
 """Training speed: the real train.py path (Lightning, our data module, every callback) against a bare
 PyTorch loop over the same model, data and optimizer, run one after the other in the same run.
 
-    python bench/train.py            # nanoGPT's CPU recipe shape and the baby shape, eager and compiled
-    python bench/train.py --quick    # fewer steps, no compiled runs
+    python bench/train.py            # nanoGPT's CPU recipe shape and the baby shape, eager and compiled (~15 min)
+    python bench/train.py --quick    # half the steps, no compiled runs
 
 Reports steady-state tokens per second (the median over the steps after a warm-up), their ratio
 (target >= 0.97), and model FLOPs utilisation against a matmul peak measured here.
@@ -35,9 +35,11 @@ WARMUP = 30  # steps left out of the steady state
 
 SHAPES = {
     # nanoGPT's CPU recipe: 4 layers, 4 heads, 128 wide, context 64, batch 12, characters
-    "nanogpt-cpu": dict(model=dict(n_layer=4, n_head=4, n_embd=128, block_size=64), batch_size=12, tokenizer="char"),
-    # nanoGPT's "baby GPT" shape (6/6/384, context 256), a CPU-sized batch
-    "baby": dict(model=dict(n_layer=6, n_head=6, n_embd=384, block_size=256), batch_size=8, tokenizer="char"),
+    "nanogpt-cpu": dict(
+        model=dict(n_layer=4, n_head=4, n_embd=128, block_size=64), batch_size=12, tokenizer="char", steps=300
+    ),
+    # nanoGPT's "baby GPT" shape (6/6/384, context 256), a CPU-sized batch: about a second a step here
+    "baby": dict(model=dict(n_layer=6, n_head=6, n_embd=384, block_size=256), batch_size=8, tokenizer="char", steps=100),
 }
 
 
@@ -49,6 +51,7 @@ def overrides(shape: dict, steps: int, compile_model: bool) -> list[str]:
         f"data.path={SHAKESPEARE}", f"data.batch_size={shape['batch_size']}",
         f"trainer.max_steps={steps}", f"trainer.val_check_interval={steps}", "trainer.limit_val_batches=1",
         "trainer.enable_progress_bar=false", f"checkpoint.every_n_steps={steps}",
+        "optim.lr=2e-3", "optim.warmup_steps=100",  # as the bare loop's
         "logger=csv", "samples.enabled=false", "latest_link=null", f"compile={str(compile_model).lower()}",
     ]
 
@@ -105,16 +108,20 @@ def data_for(shape: dict, steps: int) -> TextDataModule:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer steps and repeats; no compiled runs")
-    parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--quick", action="store_true", help="half the steps; no compiled runs")
+    parser.add_argument("--steps", type=int, default=None, help="steps per run for every shape")
+    parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    parser.add_argument("--repeats", type=int, default=2, help="runs of the bare loop and of train.py, alternating")
     args = parser.parse_args()
-    steps = args.steps or (150 if args.quick else 300)
-    repeats = 2 if args.quick else 3
+    repeats = args.repeats
     peak = measure_cpu_peak_flops()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; fp32 matmul peak measured: {peak / 1e9:.0f} GFLOP/s")
-    print(f"{steps} steps per run, median tokens/s after {WARMUP} warm-up steps, {repeats} runs each, alternating\n")
-    print(f"{'shape':<12} {'bare loop':>11} {'train.py':>11} {'ratio':>7} {'MFU':>6} {'compiled':>11} {'vs eager':>9}")
-    for name, shape in SHAPES.items():
+    print(f"median tokens/s after {WARMUP} warm-up steps; bare loop and train.py alternate, {repeats} runs each;")
+    print("compiled: one train.py run with compile=true (its compile time is in the warm-up, not in the rate)\n")
+    print(f"{'shape':<12} {'steps':>5} {'bare loop':>10} {'train.py':>10} {'ratio':>6} {'MFU':>6} {'compiled':>9} {'vs eager':>8}")
+    for name in args.shapes:
+        shape = SHAPES[name]
+        steps = args.steps or (shape["steps"] // 2 if args.quick else shape["steps"])
         dm = data_for(shape, steps)
         bare, lit = [], []
         for _ in range(repeats):  # interleaved
@@ -125,9 +132,9 @@ def main() -> None:
         mfu = l * flops_per_token(config) / peak
         compiled = ""
         if not args.quick:
-            c = statistics.median(lightning_rate(shape, steps, compile_model=True) for _ in range(repeats))
-            compiled = f"{c:>11.0f} {c / l:>8.2f}x"
-        print(f"{name:<12} {b:>11.0f} {l:>11.0f} {l / b:>6.3f} {mfu:>6.1%} {compiled}")
+            c = lightning_rate(shape, steps, compile_model=True)
+            compiled = f"{c:>9.0f} {c / l:>7.2f}x"
+        print(f"{name:<12} {steps:>5} {b:>10.0f} {l:>10.0f} {l / b:>6.3f} {mfu:>6.1%} {compiled}", flush=True)
     print("\ntarget: train.py / bare loop >= 0.97 (what Lightning and the data module add costs at most 3%)")
 
 

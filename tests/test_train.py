@@ -39,7 +39,7 @@ def test_required_overrides_compose(small_text, tmp_path):
         "seed=5",
         "logger=csv",
     )
-    assert cfg.model.n_layer == 4 and cfg.data.path == str(small_text) and cfg.trainer.max_steps == 7
+    assert cfg.model.n_layer == 3 and cfg.data.path == str(small_text) and cfg.trainer.max_steps == 7
     assert cfg.optim.lr == 0.002 and cfg.seed == 5 and list(cfg.logger) == ["csv"]
     cfg = compose_config("data=text", f"data.path={small_text}", "logger=wandb")
     assert cfg.data.source == "text" and list(cfg.logger) == ["wandb"]
