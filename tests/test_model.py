@@ -233,6 +233,17 @@ def test_cache_is_empty_outside_generation():
     assert all(block.attn.kv_cache is None for block in gpt.transformer.h)
 
 
+def test_generated_tokens_can_train_the_model():
+    """Decoding runs in inference mode; what generate returns must still be usable by autograd."""
+    gpt = tiny_gpt()
+    out = gpt.generate(torch.randint(0, 50, (2, 3)), 6)
+    assert not out.is_inference()
+    gpt.train()
+    _, loss = gpt(out[:, :-1], out[:, 1:])
+    loss.backward()
+    assert gpt.transformer.wte.weight.grad is not None
+
+
 def test_same_generator_seed_same_tokens():
     gpt = tiny_gpt()
     idx = torch.randint(0, 50, (1, 3))
