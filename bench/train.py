@@ -1,7 +1,7 @@
 """Training speed: the real train.py path (Lightning, our data module, every callback) against a bare
 PyTorch loop over the same model, data and optimizer, run one after the other in the same run.
 
-    python bench/train.py            # nanoGPT's CPU recipe shape and the baby shape, eager and compiled (~15 min)
+    python bench/train.py            # nanoGPT's CPU recipe shape and the baby shape, eager and compiled (~12 min)
     python bench/train.py --quick    # half the steps, no compiled runs
 
 Reports steady-state tokens per second (the median over the steps after a warm-up), their ratio
@@ -32,6 +32,7 @@ from training.optim import lr_factor, make_adamw  # noqa: E402
 
 SHAKESPEARE = Path(os.environ.get("TINYSHAKESPEARE", ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"))
 WARMUP = 30  # steps left out of the steady state
+WINDOW = 20  # train.py's tokens_per_sec: the rate over its last 20 steps
 
 SHAPES = {
     # nanoGPT's CPU recipe: 4 layers, 4 heads, 128 wide, context 64, batch 12, characters
@@ -67,7 +68,12 @@ def lightning_rate(shape: dict, steps: int, compile_model: bool) -> float:
         if proc.returncode != 0:
             raise SystemExit(f"train.py failed:\n{proc.stderr[-3000:]}")
         rows = list(csv.DictReader(open(run / "metrics.csv")))
-    rates = [float(r["train/tokens_per_sec"]) for r in rows if r.get("train/tokens_per_sec") and int(r["step"]) >= WARMUP]
+    # each logged rate covers the 20 steps before it: count those that start after the warm-up, as below
+    rates = [
+        float(r["train/tokens_per_sec"])
+        for r in rows
+        if r.get("train/tokens_per_sec") and int(r["step"]) >= WARMUP + WINDOW - 1
+    ]
     return statistics.median(rates)
 
 
@@ -89,8 +95,7 @@ def bare_rate(shape: dict, steps: int, datamodule: TextDataModule, vocab_size: i
         optimizer.zero_grad(set_to_none=True)
         schedule.step()
         times.append(time.perf_counter())
-    window = 20  # the same sliding window train.py's tokens_per_sec uses
-    rates = [window * tokens / (times[i] - times[i - window]) for i in range(WARMUP + window, len(times))]
+    rates = [WINDOW * tokens / (times[i] - times[i - WINDOW]) for i in range(WARMUP + WINDOW, len(times))]
     return statistics.median(rates)
 
 
