@@ -35,7 +35,8 @@ def test_ddp_on_two_processes_matches_one_process_with_the_same_global_batch(sma
 
     assert final(ddp)["val/loss"] == pytest.approx(final(single)["val/loss"], rel=1e-5)
     for key, value in weights(single).items():
-        torch.testing.assert_close(weights(ddp)[key], value, rtol=1e-5, atol=1e-6)
+        # float rounding of the all-reduce against accumulation, after 6 AdamW steps: ~1e-6 near zero
+        torch.testing.assert_close(weights(ddp)[key], value, rtol=1e-5, atol=1e-5)
     # one run folder, one set of logs, from both processes
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ddp", "single"]
     assert [p.name for p in ddp.glob("*.log")] == ["train.log"]

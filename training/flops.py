@@ -64,7 +64,8 @@ def gpu_peak_flops(device_name: str, precision: str) -> float | None:
 
 def measure_cpu_peak_flops(size: int = 1024, seconds: float = 0.5) -> float:
     """Best fp32 matmul rate this process reaches with its torch threads."""
-    a, b = torch.randn(size, size), torch.randn(size, size)
+    rng = torch.Generator().manual_seed(0)  # its own: a run's random streams must not move
+    a, b = torch.randn(size, size, generator=rng), torch.randn(size, size, generator=rng)
     torch.mm(a, b)  # warm up the kernels and thread pool
     best, deadline = 0.0, time.perf_counter() + seconds
     while time.perf_counter() < deadline:
