@@ -60,7 +60,7 @@ class OneTokenStep:
         t = model.transformer
         self.wte, self.wpe = t.wte.weight, t.wpe.weight
         self.norm = (t.ln_f.normalized_shape, t.ln_f.weight, t.ln_f.bias, t.ln_f.eps)
-        self.lm_head = model.lm_head if not packed else linear_fn(model.lm_head, packed)
+        self.lm_head = linear_fn(model.lm_head, packed) if packed else model.lm_head  # the module: hooks see it
         self.n_head = model.config.n_head
         self.caches = [block.attn.kv_cache for block in t.h]
         self.layers = []

@@ -228,11 +228,6 @@ class GPT(nn.Module):
         for block in self.transformer.h:
             block.attn.kv_cache = None
 
-    def decode_step(self, token: torch.Tensor, pos: int) -> torch.Tensor:
-        """Logits (B, vocab) after feeding token (B,) at position pos, every earlier position being
-        in the KV cache (set_kv_cache): one decoding step, in inference mode."""
-        return OneTokenStep(self)(token, pos)
-
     def cache_length(self) -> int:
         """Positions the KV cache holds now (0 when there is no cache)."""
         cache = self.transformer.h[0].attn.kv_cache

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from model import GPT, ConfigError, GPTConfig
+from model.decode import OneTokenStep
 from model.gpt import CausalSelfAttention
 from model.hf import from_hf_state_dict, hf_config_dict
 
@@ -206,7 +207,6 @@ def test_lm_head_only_sees_the_last_position_while_generating():
 
 
 def test_prefill_runs_the_prompt_once_then_one_token_per_step(monkeypatch):
-    from model.decode import OneTokenStep
 
     gpt = tiny_gpt()
     calls = []
@@ -268,7 +268,7 @@ def test_one_decoding_step_equals_the_full_forward(kernel):
         expected = gpt(idx)[0][:, -1]
         gpt.set_kv_cache(3)
         gpt.last_logits(idx[:, :-1])  # prefill the first 8
-        got = gpt.decode_step(idx[:, -1], pos=8)
+        got = OneTokenStep(gpt)(idx[:, -1], pos=8)
         gpt.clear_kv_cache()
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
