@@ -104,6 +104,18 @@ def test_bits_per_character_follow_from_the_loss(small_text, tmp_path):
     assert result.metrics["val/bpc"] == pytest.approx(expected, rel=1e-5)
 
 
+def test_the_progress_bar_redraws_at_most_so_often_and_ends_on_the_last_step(small_text, tmp_path, capfd, monkeypatch):
+    from training.callbacks import ProgressBar
+
+    monkeypatch.setattr(ProgressBar, "REDRAW_SECONDS", 1e9)  # only the first and the last step redraw
+    cfg = compose_config(*TINY, f"data.path={small_text}", "trainer.enable_progress_bar=true", "trainer.max_steps=12")
+    train(cfg, tmp_path / "run")
+    drawn = [line for line in capfd.readouterr().out.replace("\r", "\n").splitlines() if line.startswith("training:")]
+    counts = [line.split("|")[2].split()[0] for line in drawn]  # "n/total"
+    assert counts[-1] == "12/12"
+    assert not {f"{n}/12" for n in range(2, 12)} & set(counts), counts  # no redraw between the first and the last
+
+
 @pytest.mark.parametrize(
     "override, message",
     [("trainer.max_steps=0", "max_steps"), ("optim.lr=0", "optim.lr"), ("data.batch_size=0", "batch_size")],

@@ -190,9 +190,18 @@ def smooth(values, points: int = 40) -> list[float]:
 
 
 class ProgressBar(TQDMProgressBar):
-    """A tqdm bar over optimizer steps that shows loss, validation figures and tokens per second."""
+    """A tqdm bar over optimizer steps that shows loss, validation figures and tokens per second.
+
+    It redraws at most every REDRAW_SECONDS: a redraw after every step costs about half a millisecond,
+    a few percent of a small model's step on a CPU."""
 
     SHOWN = {"train/loss": "loss", "val/loss": "val_loss", "val/bpc": "val_bpc", "train/tokens_per_sec": "tok/s"}
+    REDRAW_SECONDS = 0.2
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.drawn_at = float("-inf")
+        self.batches_done: int | None = None  # the count the bar shows once it is next drawn
 
     def get_metrics(self, trainer, pl_module) -> dict:
         metrics = super().get_metrics(trainer, pl_module)
@@ -209,6 +218,18 @@ class ProgressBar(TQDMProgressBar):
             self.train_progress_bar.reset(total=trainer.max_steps * trainer.accumulate_grad_batches)
             self.train_progress_bar.n = trainer.global_step * trainer.accumulate_grad_batches
         self.train_progress_bar.set_description("training")
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.batches_done = batch_idx + 1
+        now = time.perf_counter()
+        if now - self.drawn_at >= self.REDRAW_SECONDS or self.batches_done == self.train_progress_bar.total:
+            self.drawn_at = now
+            super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        if self.batches_done is not None and not self.train_progress_bar.disable:
+            self.train_progress_bar.n = self.batches_done  # the steps since the last redraw
+        super().on_train_epoch_end(trainer, pl_module)
 
 
 class ValidateAtEnd(L.Callback):

@@ -54,6 +54,7 @@ class GPTModule(L.LightningModule):
         self.max_nonfinite_in_a_row = int(self.optim.get("max_nonfinite_in_a_row", 10))
         self.nonfinite_in_a_row = 0
         self.skipped_steps = 0
+        self.parameters_list: list[torch.nn.Parameter] | None = None
         self.max_steps = max_steps
         self.val_tokens_per_char = val_tokens_per_char
         self.tokenizer_json = tokenizer_json
@@ -118,12 +119,15 @@ class GPTModule(L.LightningModule):
         if gradient_clip_algorithm not in (None, "norm") or self.trainer.strategy.__class__.__name__.startswith("FSDP"):
             # value clipping, and FSDP's sharded norm, are Lightning's own
             return super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
-        params = [p for p in self.model.parameters() if p.grad is not None]
+        if self.parameters_list is None:  # walking the module tree each step costs more than the norm of a small model
+            self.parameters_list = list(self.model.parameters())
+        params = [p for p in self.parameters_list if p.grad is not None]
         norm = torch.nn.utils.get_total_norm([p.grad for p in params])
         if not torch.isfinite(norm):
             self.skip_step(optimizer)
             return
-        self.nonfinite_in_a_row = 0
+        if self.nonfinite_in_a_row:
+            self.nonfinite_in_a_row = 0
         if gradient_clip_val:
             torch.nn.utils.clip_grads_with_norm_(params, gradient_clip_val, norm)
         if logging_step(self.trainer):
