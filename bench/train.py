@@ -1,11 +1,13 @@
 """Training speed: the real train.py path (Lightning, our data module, every callback) against a bare
 PyTorch loop over the same model, data and optimizer, run one after the other in the same run.
 
-    python bench/train.py            # nanoGPT's CPU recipe shape and the baby shape, eager and compiled (~12 min)
+    python bench/train.py            # nanoGPT's CPU recipe shape and the baby shape, eager and compiled (~20 min)
     python bench/train.py --quick    # half the steps, no compiled runs
 
-Reports steady-state tokens per second (the median over the steps after a warm-up), their ratio
-(target >= 0.97), and model FLOPs utilisation against a matmul peak measured here.
+Both sides are timed over the same 20-step windows (ending every 10 steps after a warm-up), train.py
+from its own train/tokens_per_sec log. Reports tokens per second (the best window and the median
+window over all runs), the ratio train.py / bare loop (target >= 0.97), and model FLOPs utilisation
+against a matmul peak measured here.
 """
 
 from __future__ import annotations
@@ -31,16 +33,21 @@ from training.flops import flops_per_token, measure_cpu_peak_flops  # noqa: E402
 from training.optim import lr_factor, make_adamw  # noqa: E402
 
 SHAKESPEARE = Path(os.environ.get("TINYSHAKESPEARE", ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"))
-WARMUP = 30  # steps left out of the steady state
 WINDOW = 20  # train.py's tokens_per_sec: the rate over its last 20 steps
+EVERY = 10  # ... logged every trainer.log_every_n_steps steps
 
 SHAPES = {
     # nanoGPT's CPU recipe: 4 layers, 4 heads, 128 wide, context 64, batch 12, characters
     "nanogpt-cpu": dict(
-        model=dict(n_layer=4, n_head=4, n_embd=128, block_size=64), batch_size=12, tokenizer="char", steps=300
+        model=dict(n_layer=4, n_head=4, n_embd=128, block_size=64), batch_size=12, tokenizer="char",
+        steps=300, warmup=30,
     ),
     # nanoGPT's "baby GPT" shape (6/6/384, context 256), a CPU-sized batch: about a second a step here
-    "baby": dict(model=dict(n_layer=6, n_head=6, n_embd=384, block_size=256), batch_size=8, tokenizer="char", steps=100),
+    # (steps to steady state: a few at this size, where a step is long)
+    "baby": dict(
+        model=dict(n_layer=6, n_head=6, n_embd=384, block_size=256), batch_size=8, tokenizer="char",
+        steps=100, warmup=10,
+    ),
 }
 
 
@@ -51,14 +58,14 @@ def overrides(shape: dict, steps: int, compile_model: bool) -> list[str]:
         f"model.block_size={m['block_size']}", "model.dropout=0.0", f"tokenizer={shape['tokenizer']}",
         f"data.path={SHAKESPEARE}", f"data.batch_size={shape['batch_size']}",
         f"trainer.max_steps={steps}", f"trainer.val_check_interval={steps}", "trainer.limit_val_batches=1",
-        "trainer.enable_progress_bar=false", f"checkpoint.every_n_steps={steps}",
+        f"checkpoint.every_n_steps={steps}",
         "optim.lr=2e-3", "optim.warmup_steps=100",  # as the bare loop's
         "logger=csv", "samples.enabled=false", "latest_link=null", f"compile={str(compile_model).lower()}",
     ]
 
 
-def lightning_rate(shape: dict, steps: int, compile_model: bool) -> float:
-    """Median tokens/s of train.py, from its own per-step log, after the warm-up steps."""
+def lightning_rates(shape: dict, steps: int, compile_model: bool) -> list[float]:
+    """train.py's tokens/s over each 20-step window after the warm-up, from its own log."""
     with tempfile.TemporaryDirectory() as tmp:
         run = Path(tmp) / "run"
         proc = subprocess.run(
@@ -68,17 +75,17 @@ def lightning_rate(shape: dict, steps: int, compile_model: bool) -> float:
         if proc.returncode != 0:
             raise SystemExit(f"train.py failed:\n{proc.stderr[-3000:]}")
         rows = list(csv.DictReader(open(run / "metrics.csv")))
-    # each logged rate covers the 20 steps before it: count those that start after the warm-up, as below
-    rates = [
+    # the row logged at step s (0-based) covers steps s-18 .. s+1 (1-based), timed from the end of step s-19
+    return [
         float(r["train/tokens_per_sec"])
         for r in rows
-        if r.get("train/tokens_per_sec") and int(r["step"]) >= WARMUP + WINDOW - 1
+        if r.get("train/tokens_per_sec") and int(r["step"]) + 1 - WINDOW >= shape["warmup"]
     ]
-    return statistics.median(rates)
 
 
-def bare_rate(shape: dict, steps: int, datamodule: TextDataModule, vocab_size: int) -> float:
-    """Median tokens/s of a plain loop: same model, batches, AdamW groups, schedule and clipping."""
+def bare_rates(shape: dict, steps: int, datamodule: TextDataModule, vocab_size: int) -> list[float]:
+    """Tokens/s of a plain loop (same model, batches, AdamW groups, schedule and clipping) over the
+    same windows as train.py's."""
     torch.manual_seed(1337)
     model = GPT(GPTConfig(**shape["model"], vocab_size=vocab_size, dropout=0.0)).train()
     optimizer = make_adamw(model, 2e-3, 0.1, (0.9, 0.99))
@@ -95,8 +102,9 @@ def bare_rate(shape: dict, steps: int, datamodule: TextDataModule, vocab_size: i
         optimizer.zero_grad(set_to_none=True)
         schedule.step()
         times.append(time.perf_counter())
-    rates = [WINDOW * tokens / (times[i] - times[i - WINDOW]) for i in range(WARMUP + WINDOW, len(times))]
-    return statistics.median(rates)
+    # times[i]: the end of step i; windows end every EVERY steps, as train.py logs
+    ends = range(EVERY, steps + 1, EVERY)
+    return [WINDOW * tokens / (times[i] - times[i - WINDOW]) for i in ends if i - WINDOW >= shape["warmup"]]
 
 
 def data_for(shape: dict, steps: int) -> TextDataModule:
@@ -116,30 +124,39 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="half the steps; no compiled runs")
     parser.add_argument("--steps", type=int, default=None, help="steps per run for every shape")
     parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
-    parser.add_argument("--repeats", type=int, default=2, help="runs of the bare loop and of train.py, alternating")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of the bare loop and of train.py, alternating")
     args = parser.parse_args()
-    repeats = args.repeats
     peak = measure_cpu_peak_flops()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; fp32 matmul peak measured: {peak / 1e9:.0f} GFLOP/s")
-    print(f"median tokens/s after {WARMUP} warm-up steps; bare loop and train.py alternate, {repeats} runs each;")
-    print("compiled: one train.py run with compile=true (its compile time is in the warm-up, not in the rate)\n")
-    print(f"{'shape':<12} {'steps':>5} {'bare loop':>10} {'train.py':>10} {'ratio':>6} {'MFU':>6} {'compiled':>9} {'vs eager':>8}")
+    print(f"tokens/s over {WINDOW}-step windows ending every {EVERY} steps after the warm-up, the same windows on both")
+    print(f"sides; the bare loop and train.py alternate, {args.repeats} runs each. best: the fastest window of all runs")
+    print("(outside load only ever slows a window); median: of all windows. compiled: one train.py run with")
+    print("compile=true (its compile time falls in the warm-up)\n")
+    print(f"{'shape':<12} {'steps':>5} {'windows':>7} | {'best: bare':>10} {'train.py':>9} {'ratio':>6} "
+          f"| {'median: bare':>12} {'train.py':>9} {'ratio':>6} | {'MFU':>6} | {'compiled':>8} {'vs eager':>8}")
     for name in args.shapes:
         shape = SHAPES[name]
         steps = args.steps or (shape["steps"] // 2 if args.quick else shape["steps"])
+        if steps < shape["warmup"] + WINDOW + EVERY - 1:
+            raise SystemExit(f"--steps {steps} leaves no {WINDOW}-step window after the {shape['warmup']} warm-up steps "
+                             f"of {name}; use --steps {shape['warmup'] + WINDOW + EVERY} or more")
         dm = data_for(shape, steps)
         bare, lit = [], []
-        for _ in range(repeats):  # interleaved
-            bare.append(bare_rate(shape, steps, dm, dm.vocab_size))
-            lit.append(lightning_rate(shape, steps, compile_model=False))
-        b, l = statistics.median(bare), statistics.median(lit)
-        config = GPTConfig(**shape["model"], vocab_size=dm.vocab_size)
-        mfu = l * flops_per_token(config) / peak
+        for _ in range(args.repeats):  # interleaved
+            bare.append(bare_rates(shape, steps, dm, dm.vocab_size))
+            lit.append(lightning_rates(shape, steps, compile_model=False))
+        all_bare, all_lit = [r for run in bare for r in run], [r for run in lit for r in run]
+        b_best, l_best = max(all_bare), max(all_lit)
+        b_med, l_med = statistics.median(all_bare), statistics.median(all_lit)
+        mfu = l_best * flops_per_token(GPTConfig(**shape["model"], vocab_size=dm.vocab_size)) / peak
         compiled = ""
         if not args.quick:
-            c = lightning_rate(shape, steps, compile_model=True)
-            compiled = f"{c:>9.0f} {c / l:>7.2f}x"
-        print(f"{name:<12} {steps:>5} {b:>10.0f} {l:>10.0f} {l / b:>6.3f} {mfu:>6.1%} {compiled}", flush=True)
+            c = max(lightning_rates(shape, steps, compile_model=True))
+            compiled = f"{c:>8.0f} {c / l_best:>7.2f}x"
+        print(f"{name:<12} {steps:>5} {len(all_lit):>7} | {b_best:>10.0f} {l_best:>9.0f} {l_best / b_best:>6.3f} "
+              f"| {b_med:>12.0f} {l_med:>9.0f} {l_med / b_med:>6.3f} | {mfu:>6.1%} | {compiled}", flush=True)
+        for side, runs in (("bare loop", bare), ("train.py", lit)):
+            print(f"{'':<12} {side} runs, median window: " + "  ".join(f"{statistics.median(r):.0f}" for r in runs))
     print("\ntarget: train.py / bare loop >= 0.97 (what Lightning and the data module add costs at most 3%)")
 
 
