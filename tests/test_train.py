@@ -116,6 +116,23 @@ def test_the_progress_bar_redraws_at_most_so_often_and_ends_on_the_last_step(sma
     assert not {f"{n}/12" for n in range(2, 12)} & set(counts), counts  # no redraw between the first and the last
 
 
+def test_extra_callbacks_run_at_every_step_after_the_runs_own(small_text, tmp_path):
+    import lightning as L
+
+    class Steps(L.Callback):
+        def __init__(self):
+            self.steps, self.order = 0, []
+
+        def on_train_batch_end(self, trainer, *args):
+            self.steps += 1
+            self.order = [type(c).__name__ for c in trainer.callbacks]
+
+    steps = Steps()
+    train(compose_config(*TINY, f"data.path={small_text}"), tmp_path / "run", extra_callbacks=[steps])
+    assert steps.steps == 6
+    assert steps.order.index("Steps") > steps.order.index("Throughput")
+
+
 @pytest.mark.parametrize(
     "override, message",
     [("trainer.max_steps=0", "max_steps"), ("optim.lr=0", "optim.lr"), ("data.batch_size=0", "batch_size")],

@@ -49,14 +49,14 @@ class Throughput(L.Callback):
         self.tokens.append(batch[0].numel() * trainer.world_size)
         if not logging_step(trainer, step_done=True):
             return
-        pl_module.log("train/tokens_seen", float(trainer.global_step * self.tokens_per_step))
+        pl_module.log_train("train/tokens_seen", float(trainer.global_step * self.tokens_per_step))
         if len(self.times) < 2:
             return
         rate = sum(list(self.tokens)[1:]) / (self.times[-1] - self.times[0])  # tokens after the first stamp
-        pl_module.log("train/tokens_per_sec", rate, prog_bar=True)
+        pl_module.log_train("train/tokens_per_sec", rate)
         if self.peak:
             per_device = rate / trainer.world_size
-            pl_module.log("train/mfu", per_device * self.flops_per_token / self.peak)
+            pl_module.log_train("train/mfu", per_device * self.flops_per_token / self.peak)
 
     def on_validation_start(self, trainer, pl_module) -> None:
         # validation (and sampling) time is not training time: restart the window
@@ -204,7 +204,7 @@ class ProgressBar(TQDMProgressBar):
         self.batches_done: int | None = None  # the count the bar shows once it is next drawn
 
     def get_metrics(self, trainer, pl_module) -> dict:
-        metrics = super().get_metrics(trainer, pl_module)
+        metrics = {**pl_module.latest_train_values, **super().get_metrics(trainer, pl_module)}
         shown = {}
         for key, label in self.SHOWN.items():
             if key in metrics:

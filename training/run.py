@@ -8,6 +8,7 @@ import warnings
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 import lightning as L
@@ -177,7 +178,9 @@ def choose_strategy(name: Any):
     return name
 
 
-def train(cfg: DictConfig, run_dir: str | os.PathLike) -> RunResult:
+def train(cfg: DictConfig, run_dir: str | os.PathLike, extra_callbacks: Sequence[L.Callback] = ()) -> RunResult:
+    """Train as `python train.py` does, from a composed config, into run_dir. `extra_callbacks`: more
+    Lightning callbacks, added after the run's own (Lightning still moves checkpoint callbacks last)."""
     check_settings(cfg)
     quiet_known_warnings()
     run_dir = Path(run_dir)
@@ -255,6 +258,7 @@ def train(cfg: DictConfig, run_dir: str | os.PathLike) -> RunResult:
         prompts = samples.get("prompts") or cfg.data.get("sample_prompts") or [""]
         settings = {k: samples[k] for k in ("max_new_tokens", "temperature", "top_k", "seed") if k in samples}
         callbacks.append(TextSamples(run_dir, datamodule.tokenizer_json, list(prompts), **settings))
+    callbacks.extend(extra_callbacks)
     try:
         trainer = L.Trainer(
             **trainer_cfg,
@@ -294,7 +298,8 @@ def train(cfg: DictConfig, run_dir: str | os.PathLike) -> RunResult:
         finish_loggers(loggers)
 
     last = run_dir / "checkpoints" / "last.ckpt"
-    metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if torch.is_tensor(v) and v.numel() == 1}
+    metrics = dict(module.latest_train_values)
+    metrics.update({k: float(v) for k, v in trainer.callback_metrics.items() if torch.is_tensor(v) and v.numel() == 1})
     return RunResult(
         run_dir=run_dir,
         best_checkpoint=Path(best.best_model_path) if best.best_model_path else None,
