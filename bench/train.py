@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 from data.datamodule import TextDataModule  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
-from training.flops import flops_per_token, measure_cpu_peak_flops  # noqa: E402
+from training.flops import cpu_peak_flops, flops_per_token  # noqa: E402
 from training.optim import lr_factor, make_adamw  # noqa: E402
 from training.run import train  # noqa: E402
 
@@ -138,8 +138,8 @@ def main() -> None:
     args = parser.parse_args()
     repeats = args.repeats or (1 if args.quick else 2)
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)  # "GPU available: False", ...
-    peak = measure_cpu_peak_flops()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; fp32 matmul peak measured: {peak / 1e9:.0f} GFLOP/s")
+    peak = cpu_peak_flops()  # measured again, and the best so far on this machine kept, as train.py's train/mfu
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; fp32 matmul peak, best measured here: {peak / 1e9:.0f} GFLOP/s")
     print("train.py's steps and the bare loop's alternate one by one in each run; tokens/s over the steps after")
     print("the warm-up. compiled: train.py with compile=true, its bare loop eager as always; vs eager compares")
     print("train.py compiled against train.py eager through the ratios to their bare loops\n")
