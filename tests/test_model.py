@@ -207,7 +207,6 @@ def test_lm_head_only_sees_the_last_position_while_generating():
 
 
 def test_prefill_runs_the_prompt_once_then_one_token_per_step(monkeypatch):
-
     gpt = tiny_gpt()
     calls = []
     trunk, one_step = gpt.trunk, OneTokenStep.__call__

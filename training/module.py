@@ -149,8 +149,7 @@ class GPTModule(L.LightningModule):
         if not torch.isfinite(norm):
             self.skip_step(optimizer)
             return
-        if self.nonfinite_in_a_row:
-            self.nonfinite_in_a_row = 0
+        self.nonfinite_in_a_row = 0
         if gradient_clip_val:
             torch.nn.utils.clip_grads_with_norm_(params, gradient_clip_val, norm)
         if logging_step(self.trainer):

@@ -5,10 +5,10 @@ from __future__ import annotations
 import logging
 import os
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from collections.abc import Sequence
 from typing import Any
 
 import lightning as L
