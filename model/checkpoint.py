@@ -38,6 +38,15 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be used; the message says which file and what to do."""
 
 
+class DamagedCheckpoint(CheckpointError):
+    """A checkpoint file whose bytes cannot be read back (cut short by a full disk, or damaged)."""
+
+    def __init__(self, path: Path, detail: str = ""):
+        self.path, self.detail = path, detail
+        super().__init__(f"cannot read checkpoint {path}{f' ({detail})' if detail else ''}: it is truncated or corrupted; "
+                         "use an earlier or a fresh copy")
+
+
 @dataclass
 class Weights:
     """What a checkpoint holds, before a model is built from it."""
@@ -91,16 +100,13 @@ def safe_torch_load(path: Path, map_location="cpu") -> Any:
     except pickle.UnpicklingError as err:
         code = re.search(r"GLOBAL (\S+)", str(err))
         if code is None:  # not an object it refused: bytes that are no pickle at all
-            raise CheckpointError(f"cannot read checkpoint {path}: it is truncated or corrupted") from None
+            raise DamagedCheckpoint(path) from None
         raise CheckpointError(
             f"refused to load {path}: it holds a pickled object ({code.group(1)}) whose loading could run code; "
             "nothing in it was run. Load only checkpoints you trust, and save weights as plain tensors"
         ) from None
     except Exception as err:  # damaged bytes surface as any of a dozen errors inside the unpickler
-        detail = f" ({first_line(err).split('. ')[0]})" if isinstance(err, (RuntimeError, OSError)) else ""
-        raise CheckpointError(
-            f"cannot read checkpoint {path}{detail}: it is truncated or corrupted; use an earlier or a fresh copy"
-        ) from None
+        raise DamagedCheckpoint(path, first_line(err).split(". ")[0] if isinstance(err, (RuntimeError, OSError)) else "") from None
 
 
 def read_checkpoint(path: str | Path, map_location="cpu") -> dict[str, Any]:
@@ -133,6 +139,34 @@ def read_weights(path: str | Path, map_location="cpu") -> Weights:
     except ConfigError as err:
         raise CheckpointError(f"{file} describes a model that cannot be built: {err}") from None
     return Weights(config, model_state(ckpt), meta.get("tokenizer"), meta.get("config") or {}, file)
+
+
+def describe_model(model_config: GPTConfig, tokenizer_json: str | None, run_settings: dict[str, Any]) -> dict[str, Any]:
+    """What a training checkpoint carries besides the training state, under META_KEY: the model
+    config, the tokenizer and the run's settings, so that it describes itself."""
+    return {META_KEY: {"model_config": model_config.to_dict(), "tokenizer": tokenizer_json, "config": run_settings}}
+
+
+def read_header(path: str | Path) -> dict[str, Any]:
+    """A training checkpoint's step and run settings, read without loading its tensors into memory."""
+    path = Path(path)
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except pickle.UnpicklingError as err:
+        if re.search(r"GLOBAL (\S+)", str(err)):
+            safe_torch_load(path)  # raises the refusal that names the pickled object
+        raise DamagedCheckpoint(path) from None
+    except Exception as err:
+        raise DamagedCheckpoint(path, first_line(err).split(". ")[0]) from None
+    if not isinstance(ckpt, dict) or "global_step" not in ckpt:
+        raise CheckpointError(f"{path} is not a tinygpt2 training checkpoint (it holds no training state)")
+    meta = ckpt.get(META_KEY) if isinstance(ckpt.get(META_KEY), dict) else {}
+    return {"step": int(ckpt["global_step"]), "settings": meta.get("config") or {}, "tokenizer": meta.get("tokenizer")}
+
+
+def checkpoint_step(path: str | Path) -> int:
+    """The optimizer step a training checkpoint was saved at."""
+    return read_header(path)["step"]
 
 
 def load_checkpoint(path: str | Path, map_location="cpu") -> Loaded:
