@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from .cache import TokenCache, build_cache, find_cache, fingerprint
 from .errors import DataError
 from .prepare import prepare_tokens, tokenizer_identity
-from .sources import Source, describe
+from .sources import describe
 
 log = logging.getLogger(__name__)
 
@@ -73,13 +73,73 @@ class ContiguousWindows(Dataset):
         return window[:-1], window[1:]
 
 
-class TextDataModule(L.LightningDataModule):
-    """Prepares a corpus once (tokenizer + token ids in the cache) and serves windows from it.
+def prepare_corpus(data_cfg, tokenizer_cfg, given: Tokenizer | None = None, progress: Callable[[dict], None] | None = None) -> TokenCache:
+    """The token cache entry of this data and tokenizer: found, or made now (tokenizer, then token ids).
+    `given`: a ready tokenizer (e.g. a fine-tuned checkpoint's), used instead of one built from tokenizer_cfg."""
+    source = describe(data_cfg)
+    key = fingerprint(source.identity, tokenizer_identity(tokenizer_cfg, given))
+    cache = find_cache(data_cfg.cache_dir, key)
+    if cache is not None:
+        log.info("using cached tokens of %s from %s", source.label, cache.folder)
+        return cache
+    log.info("tokenizing %s once; later runs with the same data and tokenizer reuse the result", source.label)
+    started = time.perf_counter()
+    report = ProgressReport(progress)
+    cache = build_cache(
+        data_cfg.cache_dir,
+        key,
+        lambda staging: prepare_tokens(
+            staging,
+            source,
+            tokenizer_cfg,
+            given,
+            num_proc=data_cfg.get("num_proc"),
+            shard_chars=data_cfg.get("shard_chars"),  # characters per shard; smaller resumes more finely
+            progress=report,
+        ),
+    )
+    meta = cache.meta
+    log.info(
+        "%s: %s training and %s validation tokens (%.1f s) in %s",
+        source.label, f"{meta['train_tokens']:,}", f"{meta['val_tokens']:,}", time.perf_counter() - started, cache.folder,
+    )
+    return cache
 
-    `prepare()` may be called before the model exists: the model needs `vocab_size`. A ready
-    `tokenizer` (e.g. the one of a checkpoint being fine-tuned) is used as it is, instead of one
-    built from `tokenizer_cfg`. `progress`, if given, is called with each shard's record as the
-    corpus is tokenized (counts of tokens and characters so far in that shard).
+
+class ProgressReport:
+    """Called as each shard is finished: passes the record on, and logs how far tokenizing is every 10 s."""
+
+    def __init__(self, progress: Callable[[dict], None] | None):
+        self.progress, self.tokenized_chars, self.last_report = progress, 0, time.monotonic()
+
+    def __call__(self, record: dict) -> None:
+        if self.progress is not None:
+            self.progress(record)
+        self.tokenized_chars += record["train_chars"] + record["val_chars"]
+        if time.monotonic() - self.last_report >= 10:
+            log.info("tokenized %.1f M characters so far", self.tokenized_chars / 1e6)
+            self.last_report = time.monotonic()
+
+
+def check_sizes(cache: TokenCache, block_size: int) -> None:
+    """Each split must hold at least one window of block_size + 1 tokens."""
+    need = block_size + 1
+    for split in ("train", "val"):
+        have = cache.meta[f"{split}_tokens"]
+        if have < need:
+            raise DataError(
+                f"the {split} split has {have} tokens, fewer than block_size + 1 = {need}; use more text, "
+                f"a larger data.val_fraction, or a smaller model.block_size"
+            )
+
+
+class TextDataModule(L.LightningDataModule):
+    """Serves windows of block_size + 1 tokens from a prepared corpus (see prepare_corpus).
+
+    `prepare()` may be called before the model exists: the model needs `vocab_size`. Given a `cache`
+    (prepared already), it prepares nothing. `num_batches`: micro-batches each process draws in the
+    whole run; `world_size` processes share the data order (see StepSampler), `accumulation`
+    micro-batches make one optimizer step.
     """
 
     def __init__(
@@ -91,74 +151,28 @@ class TextDataModule(L.LightningDataModule):
         num_batches: int,
         tokenizer: Tokenizer | None = None,
         progress: Callable[[dict], None] | None = None,
+        *,
+        cache: TokenCache | None = None,
+        accumulation: int = 1,
+        world_size: int = 1,
     ):
         super().__init__()
         self.data_cfg, self.tokenizer_cfg, self.given_tokenizer = data_cfg, tokenizer_cfg, tokenizer
         self.block_size, self.seed, self.num_batches = block_size, seed, num_batches
         self.batch_size = data_cfg.batch_size
         self.progress = progress
-        self.tokenized_chars, self.last_report = 0, time.monotonic()
-        self.cache: TokenCache | None = None
-        self.source: str | None = None
+        self.cache = cache
+        self.accumulation, self.world_size = accumulation, world_size
 
     # ---- preparation -----------------------------------------------------------------------------
 
     def prepare(self) -> TokenCache:
         """Find the text and tokenize it, unless the cache already holds the result."""
-        if self.cache is not None:
-            return self.cache
-        source = describe(self.data_cfg)
-        self.source = source.label
-        key = fingerprint(source.identity, tokenizer_identity(self.tokenizer_cfg, self.given_tokenizer))
-        cache = find_cache(self.data_cfg.cache_dir, key)
-        if cache is None:
-            log.info("tokenizing %s once; later runs with the same data and tokenizer reuse the result", source.label)
-            started = time.perf_counter()
-            cache = build_cache(self.data_cfg.cache_dir, key, lambda staging: self.tokenize(staging, source))
-            meta = cache.meta
-            log.info(
-                "%s: %s training and %s validation tokens (%.1f s) in %s",
-                source.label,
-                f"{meta['train_tokens']:,}",
-                f"{meta['val_tokens']:,}",
-                time.perf_counter() - started,
-                cache.folder,
-            )
-        else:
-            log.info("using cached tokens of %s from %s", source.label, cache.folder)
-        self.check_sizes(cache)
-        self.cache = cache
-        return cache
-
-    def tokenize(self, staging, source: Source) -> dict:
-        return prepare_tokens(
-            staging,
-            source,
-            self.tokenizer_cfg,
-            self.given_tokenizer,
-            num_proc=self.data_cfg.get("num_proc"),
-            shard_chars=self.data_cfg.get("shard_chars"),  # characters per shard; smaller resumes more finely
-            progress=self.report,
-        )
-
-    def report(self, record: dict) -> None:
-        """Called as each shard is finished: passes it on, and logs how far tokenizing is every 10 s."""
-        if self.progress is not None:
-            self.progress(record)
-        self.tokenized_chars += record["train_chars"] + record["val_chars"]
-        if time.monotonic() - self.last_report >= 10:
-            log.info("tokenized %.1f M characters so far", self.tokenized_chars / 1e6)
-            self.last_report = time.monotonic()
-
-    def check_sizes(self, cache: TokenCache) -> None:
-        need = self.block_size + 1
-        for split in ("train", "val"):
-            have = cache.meta[f"{split}_tokens"]
-            if have < need:
-                raise DataError(
-                    f"the {split} split has {have} tokens, fewer than block_size + 1 = {need}; use more text, "
-                    f"a larger data.val_fraction, or a smaller model.block_size"
-                )
+        if self.cache is None:
+            cache = prepare_corpus(self.data_cfg, self.tokenizer_cfg, self.given_tokenizer, self.progress)
+            check_sizes(cache, self.block_size)
+            self.cache = cache
+        return self.cache
 
     def prepare_data(self) -> None:
         self.prepare()
@@ -167,6 +181,11 @@ class TextDataModule(L.LightningDataModule):
         self.prepare()
 
     # ---- what the model and the logs need --------------------------------------------------------
+
+    @property
+    def source(self) -> str:
+        """Where the text came from, for logs."""
+        return self.prepare().meta["source"]
 
     @property
     def tokenizer_json(self) -> str:
@@ -183,23 +202,22 @@ class TextDataModule(L.LightningDataModule):
     @property
     def val_tokens_per_char(self) -> float:
         """Converts a mean loss per token into one per character (for bits per character)."""
-        meta = self.prepare().meta
-        return meta["val_tokens"] / max(1, meta["val_chars"])
+        return tokens_per_char(self.prepare())
 
     # ---- loaders ---------------------------------------------------------------------------------
 
     def train_dataloader(self) -> DataLoader:
-        windows = RandomWindows(self.prepare().ids("train"), self.block_size, self.batch_size, self.seed, self.num_batches)
+        windows = RandomWindows(
+            self.prepare().ids("train"), self.block_size, self.batch_size, self.seed, self.num_batches * self.world_size
+        )
         trainer = self.trainer
         if trainer is None:
             return self.loader(windows, batch_size=None)
-        accumulate = trainer.accumulate_grad_batches
-        per_process = batches_for(trainer.max_steps, accumulate)
         sampler = StepSampler(
-            per_process,
+            self.num_batches,
             trainer.global_rank,
-            trainer.world_size,
-            start=lambda: trainer.global_step * trainer.accumulate_grad_batches,  # batches already trained on
+            self.world_size,
+            start=lambda: trainer.global_step * self.accumulation,  # batches already trained on (resumed runs)
         )
         return self.loader(windows, batch_size=None, sampler=sampler)
 
@@ -207,8 +225,8 @@ class TextDataModule(L.LightningDataModule):
         windows = ContiguousWindows(self.prepare().ids("val"), self.block_size)
         trainer = self.trainer
         shard = None
-        if trainer is not None and trainer.world_size > 1:  # each process scores every world_size-th window
-            shard = list(range(trainer.global_rank, len(windows), trainer.world_size))
+        if trainer is not None and self.world_size > 1:  # each process scores every world_size-th window
+            shard = list(range(trainer.global_rank, len(windows), self.world_size))
         return self.loader(windows, batch_size=self.batch_size, sampler=shard)
 
     def loader(self, dataset: Dataset, batch_size: int | None, sampler=None) -> DataLoader:
@@ -219,11 +237,16 @@ class TextDataModule(L.LightningDataModule):
             sampler=sampler,
             shuffle=False,
             generator=torch.Generator(),  # creating an iterator draws a seed: not from the global RNG
-
             num_workers=workers,
             pin_memory=torch.cuda.is_available(),
             persistent_workers=workers > 0,
         )
+
+
+def tokens_per_char(cache: TokenCache) -> float:
+    """Validation tokens per character: converts a mean loss per token into one per character."""
+    meta = cache.meta
+    return meta["val_tokens"] / max(1, meta["val_chars"])
 
 
 def batches_for(max_steps: int, accumulate: int) -> int:

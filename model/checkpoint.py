@@ -30,7 +30,9 @@ from .hf import byte_level_bpe_json, config_from_hf, from_hf_state_dict
 
 META_KEY = "tinygpt2"
 STATE_PREFIX = "model."  # the LightningModule keeps the GPT as `self.model`
-CHECKPOINT_NAMES = ("best.ckpt", "last.ckpt")  # looked for, in this order, in a run's checkpoints/
+# A run folder's checkpoints (training.run_folder writes them): looked for, best first, by loaders.
+CHECKPOINTS_DIR, BEST_NAME, LAST_NAME = "checkpoints", "best.ckpt", "last.ckpt"
+CHECKPOINT_NAMES = (BEST_NAME, LAST_NAME)
 HF_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 
 
@@ -82,7 +84,7 @@ def resolve_checkpoint(path: str | Path) -> Path:
     if path.is_file():
         return path
     if path.is_dir():
-        for folder in (path / "checkpoints", path):
+        for folder in (path / CHECKPOINTS_DIR, path):
             for name in CHECKPOINT_NAMES:
                 if (folder / name).is_file():
                     return folder / name

@@ -51,3 +51,45 @@ def bpe_config(vocab_size: int = 300, **values):
     from omegaconf import OmegaConf
 
     return OmegaConf.create({"kind": "bpe", "vocab_size": vocab_size, "max_train_chars": 10_000_000, **values})
+
+
+def compose_config(*overrides: str):
+    """configs/train.yaml composed with these overrides, as Hydra composes it for python train.py."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        return compose("train", overrides=list(overrides))
+
+
+def run_script(*args: str, cwd: Path = ROOT, timeout: int = 600, env: dict | None = None):
+    """A script of the project (train.py, generate.py, ...) run as a user runs it, in a subprocess.
+    From another folder than the project's, the script is named by its full path."""
+    import subprocess
+    import sys
+
+    script = args[0] if Path(cwd).resolve() == ROOT else str(ROOT / args[0])
+    return subprocess.run([sys.executable, script, *args[1:]], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+def one_error_line(err: str) -> str:
+    """The one `error:` line a refused command prints on stderr, and nothing else (no traceback)."""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+def damaged_copy(source: Path, folder: Path, how: str) -> Path:
+    """A copy of a checkpoint cut in half, overwritten at its start, emptied, or replaced by text."""
+    target = folder / f"{how}.ckpt"
+    data = source.read_bytes()
+    if how == "truncated":
+        target.write_bytes(data[: len(data) // 2])
+    elif how == "corrupted":
+        target.write_bytes(b"\x00garbage" * 16 + data[128:])
+    elif how == "empty":
+        target.write_bytes(b"")
+    else:
+        target.write_text("this is not a checkpoint\n")
+    return target

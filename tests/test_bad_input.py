@@ -3,18 +3,17 @@ elsewhere); the last test reads the table and checks that no row is left without
 
 from __future__ import annotations
 
+import os
 import re
-import subprocess
-import sys
 
 import pytest
+import torch
 
 import generate
 import train
 from data.tokenizer import train_char
 
-from .common import ROOT, TINY
-from .test_cli_errors import damaged_copy, one_error_line
+from .common import ROOT, TINY, damaged_copy, one_error_line, run_script
 from .tiny import write_checkpoint
 
 
@@ -26,81 +25,162 @@ def refused(*args: str) -> str:
     return problem
 
 
-def test_unknown_setting():
-    assert refused("trainer.max_step=10") == (
-        "unknown setting 'trainer.max_step'; check the spelling (python train.py --cfg job lists every setting)"
-    )
+NO_GPU = not torch.cuda.is_available()
+
+# README rows for train.py: the command line, and the line it must get (exactly, or its start with "...").
+README_ROWS = {
+    "an unknown setting (`trainer.max_step=10`)": (
+        ["trainer.max_step=10"],
+        "unknown setting 'trainer.max_step' (did you mean trainer.max_steps?); check the spelling "
+        "(python train.py --cfg job lists every setting)",
+    ),
+    "an unknown choice (`model=huge`)": (["model=huge"], "model=huge is not a choice; choose one of: baby, gpt2, ..."),
+    "a value of the wrong kind (`optim.lr=fast`)": (["optim.lr=fast"], "optim.lr must be a number, got 'fast'"),
+    "a number that is not finite (`optim.lr=nan`)": (["optim.lr=nan"], "optim.lr must be a finite number, got nan"),
+    "a list of the wrong length or kind (`optim.betas=[0.9]`)": (
+        ["optim.betas=[0.9]"], "optim.betas must be a list of 2 values, e.g. optim.betas=[...], got [0.9]",
+    ),
+    "a value that is not one of the choices (`optim.schedule=cosin`)": (
+        ["optim.schedule=cosin"], "optim.schedule must be one of cosine, linear, constant, got 'cosin'",
+    ),
+    "a Lightning Trainer argument of the wrong kind (`trainer.deterministic=yes`)": (
+        ["trainer.deterministic=yes"], "trainer.deterministic must be true, false, 'warn' or null, got 'yes'",
+    ),
+    "`model.n_embd` not divisible by `model.n_head`": (
+        ["model.n_embd=100", "model.n_head=3"],
+        "model.n_embd (100) must be divisible by model.n_head (3); pick n_embd as a multiple of n_head, e.g. n_embd=99",
+    ),
+    "`model.block_size=0`": (["model.block_size=0"], "model.block_size must be a whole number of at least 1, got 0"),
+    "`trainer.max_steps=0` (or below)": (
+        ["trainer.max_steps=0"], "trainer.max_steps must be at least 1 (or -1 with trainer.max_time), got 0",
+    ),
+    "`optim.lr=0` (or below)": (["optim.lr=0"], "optim.lr must be above 0, got 0"),
+    "a warmup as long as the run (`trainer.max_steps=20`)": (
+        ["trainer.max_steps=20"],
+        "optim.warmup_steps=50 is not below trainer.max_steps=20: the learning rate would never reach optim.lr; "
+        "use fewer warmup steps (e.g. optim.warmup_steps=2)",
+    ),
+    "`tokens_per_step` that does not divide": (
+        ["tokens_per_step=1000"],
+        "tokens_per_step=1000 is not a multiple of data.batch_size x model.block_size x devices = 32 x 32 x 1 = 1024; "
+        "use e.g. 1024",
+    ),
+    "a missing run to resume": (["resume=outputs/nope"], "resume=outputs/nope does not exist; give a run folder, a checkpoint in one, or resume=auto"),
+    "a missing checkpoint to start from (`init_from=`)": (
+        ["init_from=runs/x"], "init_from=runs/x does not exist; pass a .ckpt file, a run folder or a Hugging Face folder",
+    ),
+    "`trainer.accelerator=gpu` without a GPU": (
+        ["trainer.accelerator=gpu"], "trainer.accelerator=gpu: this machine has no CUDA GPU; use trainer.accelerator=cpu or auto",
+    ),
+}
 
 
-def test_unknown_choice():
-    assert refused("model=huge").startswith("model=huge is not a choice; choose one of: baby, gpt2, ")
+@pytest.mark.parametrize("label", list(README_ROWS))
+def test_each_readme_row_for_train_py(label, tmp_path, monkeypatch):
+    if "GPU" in label and not NO_GPU:
+        pytest.skip("this machine has a GPU")
+    monkeypatch.chdir(tmp_path)  # relative paths (outputs/nope) are the user's, in a fresh folder
+    args, expected = README_ROWS[label]
+    line = refused(*[a.replace("train.py", str(ROOT / "train.py")) for a in args])
+    if expected.endswith("..."):
+        assert line.startswith(expected[:-3])
+    else:
+        assert line == expected
+    assert not any(tmp_path.iterdir())  # checking made nothing
 
 
-def test_value_of_the_wrong_kind():
-    assert refused("optim.lr=fast") == "optim.lr must be a number, got 'fast'"
+# More bad settings of every kind: nested lists, enumerations, numbers as words, NaN, infinities,
+# negatives, values that would silently train wrongly, and Lightning Trainer arguments.
+BAD_SETTINGS = [
+    (["optim.lr=inf"], "optim.lr must be a finite number, got inf"),
+    (["optim.lr=-0.001"], "optim.lr must be above 0, got -0.001"),
+    (["optim.weight_decay=nan"], "optim.weight_decay must be a finite number, got nan"),
+    (["optim.weight_decay=-0.1"], "optim.weight_decay must be at least 0, got -0.1"),
+    (["optim.betas=[0.9,1.5]"], "optim.betas[1] must be below 1, got 1.5"),
+    (["optim.betas=[0.9,x]"], "optim.betas[1] must be a number, got 'x'"),
+    (["optim.betas=0.9"], "optim.betas must be a list of 2 values"),
+    (["optim.min_lr_ratio=2"], "optim.min_lr_ratio must be at most 1, got 2"),
+    (["optim.warmup_steps=-1"], "optim.warmup_steps must be at least 0, got -1"),
+    (["optim.max_nonfinite_in_a_row=0"], "optim.max_nonfinite_in_a_row must be at least 1, got 0"),
+    (["seed=one"], "seed must be a whole number, got 'one'"),
+    (["seed=1.5"], "seed must be a whole number, got 1.5"),
+    (["seed=-1"], "seed must be at least 0, got -1"),
+    (["trainer.max_steps=ten"], "trainer.max_steps must be a whole number, got 'ten'"),
+    (["trainer.max_steps=-1"], "trainer.max_steps=-1 needs a time limit"),
+    (["trainer.max_time=75"], "trainer.max_time must be dd:hh:mm:ss (e.g. 00:00:01:15 for 75 seconds), got 75"),
+    (["trainer.val_check_interval=0"], "trainer.val_check_interval must be a whole number of steps (at least 1) or a time (dd:hh:mm:ss), got 0"),
+    (["trainer.val_check_interval=0.5"], "trainer.val_check_interval must be a whole number of steps"),
+    (["trainer.val_check_interval=soon"], "trainer.val_check_interval must be dd:hh:mm:ss"),
+    (["trainer.limit_val_batches=0"], "trainer.limit_val_batches=0 turns validation off"),
+    (["trainer.limit_val_batches=1.5"], "trainer.limit_val_batches must be a whole number of batches (at least 1), a fraction in (0, 1], or null, got 1.5"),
+    (["trainer.log_every_n_steps=0"], "trainer.log_every_n_steps must be at least 1, got 0"),
+    (["trainer.gradient_clip_val=-1"], "trainer.gradient_clip_val must be at least 0, got -1"),
+    (["trainer.devices=0"], "trainer.devices must be a number of devices"),
+    (["trainer.devices=1.5"], "trainer.devices must be a number of devices"),
+    (["trainer.precision=bf17"], "trainer settings: Precision 'bf17' is invalid"),
+    (["trainer.strategy=dpp"], "trainer settings: You selected an invalid strategy name"),
+    (["trainer.profiler=fancy"], "trainer settings: When passing string value for the `profiler` parameter"),
+    (["trainer.min_steps=few"], "trainer.min_steps must be a whole number or null, got 'few'"),
+    (["trainer.logger=true"], "trainer.logger cannot be set: choose trackers with logger=wandb|tensorboard|csv|none"),
+    (["trainer.limit_train_batches=10"], "trainer.limit_train_batches cannot be set: it would end training before"),
+    (["tokens_per_step=2048", "trainer.accumulate_grad_batches=2"], "set either tokens_per_step or trainer.accumulate_grad_batches, not both"),
+    (["tokens_per_step=0"], "tokens_per_step must be at least 1, got 0"),
+    (["checkpoint.keep=0"], "checkpoint.keep must be at least 1, got 0"),
+    (["checkpoint.every_n_steps=2.5"], "checkpoint.every_n_steps must be a whole number, got 2.5"),
+    (["samples.max_new_tokens=-1"], "samples.max_new_tokens must be at least 1, got -1"),
+    (["samples.temperature=-1"], "samples.temperature must be at least 0, got -1"),
+    (["samples.top_k=0"], "samples.top_k must be at least 1, got 0"),
+    (["samples.prompts=5"], "samples.prompts must be a list of values"),
+    (["samples.prompts=[1,2]"], "samples.prompts[0] must be text, got 1"),
+    (["compile=yes"], "compile must be true or false, got 'yes'"),
+    (["model.n_layer=two"], "model.n_layer must be a whole number of at least 1, got 'two'"),
+    (["model.dropout=nan"], "model.dropout must be a number in [0, 1), got nan"),
+    (["model.dropout=1.5"], "model.dropout must be a number in [0, 1), got 1.5"),
+    (["model.dropout=high"], "model.dropout must be a number in [0, 1), got 'high'"),
+    (["model.bias=maybe"], "model.bias must be true or false, got 'maybe'"),
+    (["model.attention=flash"], "model.attention must be one of"),
+    (["model.vocab_size=0"], "model.vocab_size must be a whole number of at least 1, got 0"),
+    (["data.batch_size=0"], "data.batch_size must be at least 1, got 0"),
+    (["data.val_fraction=1.5"], "data.val_fraction must be below 1, got 1.5"),
+    (["data.val_fraction=-0.1"], "data.val_fraction must be at least 0, got -0.1"),
+    (["data.num_workers=-1"], "data.num_workers must be at least 0, got -1"),
+    (["data.num_proc=0"], "data.num_proc must be at least 1, got 0"),
+    (["data.local_copies=x.txt"], "data.local_copies must be a list of values"),
+    (["data=text"], "data=text needs data.path"),
+    (["data=text", "data.path=x.txt", "data.format=docx"], "data.format must be one of auto, txt, json, csv, parquet, got 'docx'"),
+    (["data=hub"], "data=hub needs data.name"),
+    (["tokenizer=pretrained"], "tokenizer=pretrained needs tokenizer.path"),
+    (["tokenizer.vocab_size=-5"], "tokenizer.vocab_size must be at least 1, got -5"),
+    (["logger.wandb.mode=sometimes"], "logger.wandb.mode must be one of auto, online, offline, disabled, got 'sometimes'"),
+    (["logger.wandb.tags=5"], "logger.wandb.tags must be a list of values"),
+    (["+optim.foo=1"], "unknown setting 'optim.foo'"),
+    (["optim.lrr=1"], "unknown setting 'optim.lrr' (did you mean optim.lr?)"),
+    (["hparams_search=optuna"], "hparams_search is a search over many runs: add -m"),
+    (["-m", "optim.lr=1e-3,0"], "optim.lr must be above 0, got 0"),  # every value of a sweep is checked first
+    (["-m", "resume=auto"], "resume= continues one run: run it without -m"),
+]
 
 
-def test_n_embd_not_divisible_by_n_head():
-    assert refused("model.n_embd=100", "model.n_head=3").startswith(
-        "model.n_embd (100) must be divisible by model.n_head (3)"
-    )
+@pytest.mark.parametrize("args, message", BAD_SETTINGS, ids=[" ".join(a) for a, _ in BAD_SETTINGS])
+def test_bad_settings_of_every_kind_are_refused_in_one_line(args, message):
+    assert message in refused(*args)
 
 
-def test_block_size_below_one():
-    assert refused("model.block_size=0") == "model.block_size must be a whole number of at least 1, got 0"
+def test_good_settings_of_the_same_kinds_are_accepted():
+    for args in (["optim.betas=[0.8,0.9]", "optim.schedule=linear", "seed=1e3", "trainer.max_steps=2e3"],
+                 ["trainer.deterministic=true", "trainer.profiler=simple", "trainer.max_time=00:00:00:30", "trainer.max_steps=-1"],
+                 ["trainer.val_check_interval=00:00:01:00", "trainer.limit_val_batches=0.5", "samples.prompts=[ROMEO:,'']",
+                  "logger=[csv,tensorboard]"],
+                 ["-m", "optim.lr=1e-3,2e-3", "model.n_layer=range(1,3)"]):
+        assert train.check_command_line(args) is None, args
 
 
 def test_block_size_above_what_the_checkpoint_has(tiny_run, small_text, tmp_path):
-    proc = subprocess.run(
-        [sys.executable, "train.py", *[a for a in TINY if not a.startswith("model.")], f"data.path={small_text}",
-         f"init_from={tiny_run}", "model.block_size=4096",
-         f"hydra.run.dir={tmp_path / 'run'}"],
-        cwd=ROOT, capture_output=True, text=True, timeout=600,
-    )
+    proc = run_script("train.py", *[a for a in TINY if not a.startswith("model.")], f"data.path={small_text}",
+                      f"init_from={tiny_run}", "model.block_size=4096", cwd=tmp_path)
     assert proc.returncode != 0
-    line = proc.stderr.strip().splitlines()[-1]
-    assert line.startswith("error: model.block_size=4096 is more than the 32 positions init_from=")
-    assert "Traceback" not in proc.stderr
-    assert not (tmp_path / "run" / "checkpoints").exists()
-
-
-@pytest.mark.parametrize("steps", ["0", "-5"])
-def test_max_steps_not_positive(steps):
-    assert refused(f"trainer.max_steps={steps}").startswith(f"trainer.max_steps must be at least 1 (or -1 with trainer.max_time), got {steps}")
-
-
-@pytest.mark.parametrize("lr", ["0", "-0.001"])
-def test_learning_rate_not_positive(lr):
-    assert refused(f"optim.lr={lr}") == f"optim.lr must be above 0, got {float(lr)}"
-
-
-def test_global_batch_that_does_not_divide():
-    # checked when the number of devices is known, inside the run
-    from omegaconf import OmegaConf
-
-    from training.run import SettingError, accumulation
-
-    cfg = OmegaConf.create({"tokens_per_step": 1000, "data": {"batch_size": 32}, "model": {"block_size": 32}})
-    cfg.trainer = {}
-    expected = r"tokens_per_step=1000 is not a multiple of .* = 32 x 32 x 1 = 1024; use e.g. 1024"
-    with pytest.raises(SettingError, match=expected):
-        accumulation(cfg, world_size=1)
-
-
-def test_missing_checkpoint_to_resume(tmp_path):
-    assert refused(f"resume={tmp_path / 'nope'}") == (
-        f"resume={tmp_path / 'nope'} does not exist; give a run folder, a checkpoint in one, or resume=auto"
-    )
-
-
-def test_missing_checkpoint_to_start_from(tmp_path):
-    assert refused(f"init_from={tmp_path / 'nope'}") == (
-        f"init_from={tmp_path / 'nope'} does not exist; pass a .ckpt file, a run folder or a Hugging Face folder"
-    )
-
-
-# truncated or corrupted checkpoint to resume: tests/test_reliability.py::test_resuming_from_a_truncated_checkpoint_says_so
-# shape of init_from contradicted: tests/test_init_from.py
+    assert one_error_line(proc.stderr).startswith("error: model.block_size=4096 is more than the 32 positions init_from=")
+    assert not (tmp_path / "outputs").exists()  # the run folder made for it went again
 
 
 def test_run_folder_that_cannot_be_written(tmp_path):
@@ -111,23 +191,28 @@ def test_run_folder_that_cannot_be_written(tmp_path):
     )
 
 
-def test_gpu_asked_for_without_a_gpu():
-    pytest.importorskip("torch")
-    import torch
-
-    if torch.cuda.is_available():
-        pytest.skip("this machine has a GPU")
-    assert refused("trainer.accelerator=gpu") == (
-        "trainer.accelerator=gpu: this machine has no CUDA GPU; use trainer.accelerator=cpu or auto"
+def test_run_folder_of_the_users_own_files(tmp_path):
+    mine = tmp_path / "notes"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    (mine / "config.yaml").write_text("my: own\n")
+    assert refused(f"hydra.run.dir={mine}") == (
+        f"hydra.run.dir={mine} holds files that are not a run's (config.yaml, notes.txt); a run writes config.yaml, "
+        "metrics.csv, checkpoints/ and more there, so choose a new or empty folder"
     )
 
 
-def test_train_py_prints_one_line_and_exits_non_zero(tmp_path):
-    proc = subprocess.run([sys.executable, "train.py", "trainer.max_step=10", f"runs_root={tmp_path}"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert proc.returncode != 0
-    assert one_error_line(proc.stderr).startswith("error: unknown setting 'trainer.max_step'")
-    assert not any(tmp_path.iterdir())  # refused before any run folder was made
+@pytest.mark.slow
+@pytest.mark.parametrize("args", [["optim.lr=nan"], ["trainer.deterministic=yes"], ["tokens_per_step=1000"],
+                                  ["trainer.max_step=10"], ["data=text", "data.path=no_such_file.txt"]])
+def test_train_py_refuses_in_one_line_and_makes_nothing(args, small_text, tmp_path):
+    cache = tmp_path / "cache"
+    env = {**os.environ, "TINYGPT2_CACHE": str(cache)}
+    data = [] if args[0] == "data=text" else [f"data.path={small_text}"]
+    proc = run_script("train.py", *TINY, *data, *args, cwd=tmp_path, env=env)
+    assert proc.returncode == 1
+    one_error_line(proc.stderr)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # no run folder, no cache entry, no latest link
 
 
 # ---- generate.py ----------------------------------------------------------------------------------------
@@ -167,22 +252,15 @@ COVERED_ELSEWHERE = {
     "a checkpoint carrying pickled code": "test_hf.py (malicious checkpoint)",
     "a truncated or corrupted checkpoint (`resume=`)": "test_reliability.py::test_resuming_from_a_truncated_checkpoint_says_so",
     "`init_from=` with a contradicting shape (`model.n_layer=6`)": "test_init_from.py",
+    "a setting that contradicts the run being resumed (`resume=RUN model.n_layer=4`)": "test_run_lifecycle.py::test_a_contradicting_setting_beside_resume_is_refused",
+    "a run that another process is training": "test_run_lifecycle.py::test_a_second_process_on_a_running_run_is_refused",
 }
 
 TESTED_HERE = {
-    "an unknown setting (`trainer.max_step=10`)": test_unknown_setting,
-    "an unknown choice (`model=huge`)": test_unknown_choice,
-    "a value of the wrong kind (`optim.lr=fast`)": test_value_of_the_wrong_kind,
-    "`model.n_embd` not divisible by `model.n_head`": test_n_embd_not_divisible_by_n_head,
-    "`model.block_size=0`": test_block_size_below_one,
+    **{label: test_each_readme_row_for_train_py for label in README_ROWS},
     "`model.block_size` above what `init_from=` has": test_block_size_above_what_the_checkpoint_has,
-    "`trainer.max_steps=0` (or below)": test_max_steps_not_positive,
-    "`optim.lr=0` (or below)": test_learning_rate_not_positive,
-    "`tokens_per_step` that does not divide": test_global_batch_that_does_not_divide,
-    "a missing run to resume": test_missing_checkpoint_to_resume,
-    "a missing checkpoint to start from (`init_from=`)": test_missing_checkpoint_to_start_from,
     "a run folder that cannot be written": test_run_folder_that_cannot_be_written,
-    "`trainer.accelerator=gpu` without a GPU": test_gpu_asked_for_without_a_gpu,
+    "`hydra.run.dir` at a folder of your own files": test_run_folder_of_the_users_own_files,
     "a prompt with characters a char tokenizer never saw": test_prompt_with_characters_the_char_tokenizer_never_saw,
     "a truncated or corrupted checkpoint (`--ckpt`)": test_damaged_checkpoint_to_generate_from,
 }
@@ -196,3 +274,8 @@ def test_every_row_of_the_readme_table_has_a_test():
     assert len(labels) >= 20
     missing = [label for label in labels if label not in TESTED_HERE and label not in COVERED_ELSEWHERE]
     assert not missing, f"README rows without a test: {missing}"
+    shown = {re.match(r"\| (.+?) \| `(.+)` \|$", row).groups() for row in rows if row.count("`error: ")}
+    for label, line in shown:  # the README shows what train.py prints
+        if label in README_ROWS:
+            expected = "error: " + README_ROWS[label][1]
+            assert line.startswith(expected[:-3]) if expected.endswith("...") else line == expected, label

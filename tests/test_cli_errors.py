@@ -15,29 +15,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 import export
 import generate
 
-from .common import ROOT
+from .common import ROOT, damaged_copy, one_error_line
 from .tiny import train_tiny_gpt, write_checkpoint
-
-
-def one_error_line(err: str) -> str:
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), err
-    assert "Traceback" not in err
-    return lines[0]
-
-
-def damaged_copy(source: Path, folder: Path, how: str) -> Path:
-    target = folder / f"{how}.ckpt"
-    data = source.read_bytes()
-    if how == "truncated":
-        target.write_bytes(data[: len(data) // 2])
-    elif how == "corrupted":
-        target.write_bytes(b"\x00garbage" * 16 + data[128:])
-    elif how == "empty":
-        target.write_bytes(b"")
-    else:
-        target.write_text("this is not a checkpoint\n")
-    return target
 
 
 @pytest.fixture(scope="module")

@@ -6,19 +6,13 @@ import math
 
 import datasets
 import pytest
-from hydra import compose, initialize_config_dir
 from tokenizers import Tokenizer
 
 from data.tokenizer import EOT, train_bpe
 from model.checkpoint import load_checkpoint
 from training.run import train
 
-from .common import ROOT, TINY
-
-
-def compose_config(*overrides: str):
-    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-        return compose("train", overrides=list(overrides))
+from .common import TINY, compose_config
 
 
 def stories(n: int, split: str = "train") -> list[str]:

@@ -5,13 +5,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from contextlib import contextmanager
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
-from hydra.core.hydra_config import HydraConfig
-from omegaconf import open_dict
 from tokenizers import Tokenizer
 
 from model import ConfigError
@@ -19,25 +15,16 @@ from model.checkpoint import load_checkpoint
 from training.init_from import model_keys_in, start_from
 from training.run import train
 
-from .common import ROOT, TINY
+from .common import ROOT, TINY, compose_config
 
 # the tiny run settings, minus the model shape and tokenizer: those come from init_from
 RUN = [*(o for o in TINY if not o.startswith(("model.", "tokenizer."))), "samples.enabled=false"]
 
 
-@contextmanager
-def command_line(*overrides: str):
-    """The composed config, with Hydra's record of the command line set as `python train.py` sets it."""
-    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-        full = compose("train", overrides=list(overrides), return_hydra_config=True)
-    HydraConfig.instance().set_config(full)
-    cfg = full.copy()
-    with open_dict(cfg):
-        del cfg["hydra"]
-    try:
-        yield cfg
-    finally:
-        HydraConfig.instance().cfg = None
+def start(*overrides: str):
+    """What init_from gives a run started with these overrides (the model settings they name are asked for)."""
+    cfg = compose_config(*overrides)
+    return start_from(cfg, model_keys_in(overrides, cfg.model))
 
 
 def same_tokenizer(a: str, b: str) -> bool:
@@ -45,8 +32,8 @@ def same_tokenizer(a: str, b: str) -> bool:
 
 
 def test_fine_tuning_from_a_folder_saved_by_transformers(transformers_folder, tiny_gpt, small_text, tmp_path):
-    with command_line(*RUN, f"data.path={small_text}", f"init_from={transformers_folder}") as cfg:
-        result = train(cfg, tmp_path / "run")
+    overrides = [*RUN, f"data.path={small_text}", f"init_from={transformers_folder}"]
+    result = train(compose_config(*overrides), tmp_path / "run", named=overrides)
     assert result.metrics["val/loss"] < 4.5  # a fresh model of this size starts near ln(300) = 5.7
 
     tuned = load_checkpoint(tmp_path / "run")
@@ -58,8 +45,8 @@ def test_fine_tuning_from_a_folder_saved_by_transformers(transformers_folder, ti
 
 
 def test_fine_tuning_from_a_checkpoint_with_a_shorter_context(tiny_run, tiny_gpt, small_text, tmp_path):
-    with command_line(*RUN, f"data.path={small_text}", f"init_from={tiny_run}", "model.block_size=16", "model.dropout=0.1") as cfg:
-        train(cfg, tmp_path / "run")
+    overrides = [*RUN, f"data.path={small_text}", f"init_from={tiny_run}", "model.block_size=16", "model.dropout=0.1"]
+    train(compose_config(*overrides), tmp_path / "run", named=overrides)
     tuned = load_checkpoint(tmp_path / "run")
     assert tuned.model.config.block_size == 16 and tuned.model.config.dropout == 0.1
     assert tuned.model.config.n_head == tiny_gpt.config.n_head
@@ -67,18 +54,14 @@ def test_fine_tuning_from_a_checkpoint_with_a_shorter_context(tiny_run, tiny_gpt
 
 
 def test_model_settings_that_contradict_the_checkpoint_are_refused(tiny_run, small_text):
-    with command_line(*RUN, f"data.path={small_text}", f"init_from={tiny_run}", "model.n_layer=3") as cfg:
-        with pytest.raises(ConfigError, match=r"model.n_layer=3 contradicts init_from=.*whose n_layer is 2"):
-            start_from(cfg)
-    with command_line(f"init_from={tiny_run}", "model.block_size=64") as cfg:
-        with pytest.raises(ConfigError, match="model.block_size=64 is more than the 32 positions"):
-            start_from(cfg)
-    with command_line(f"init_from={tiny_run}", "model=baby") as cfg:  # a preset names every setting
-        with pytest.raises(ConfigError, match="contradicts"):
-            start_from(cfg)
-    with command_line(f"init_from={tiny_run}") as cfg:  # the nano preset, not asked for: no conflict
-        start = start_from(cfg)
-    assert start.config.n_layer == 2 and start.config.vocab_size == 300
+    with pytest.raises(ConfigError, match=r"model.n_layer=3 contradicts init_from=.*whose n_layer is 2"):
+        start(*RUN, f"data.path={small_text}", f"init_from={tiny_run}", "model.n_layer=3")
+    with pytest.raises(ConfigError, match="model.block_size=64 is more than the 32 positions"):
+        start(f"init_from={tiny_run}", "model.block_size=64")
+    with pytest.raises(ConfigError, match="contradicts"):
+        start(f"init_from={tiny_run}", "model=baby")  # a preset names every setting
+    started = start(f"init_from={tiny_run}")  # the nano preset, not asked for: no conflict
+    assert started.config.n_layer == 2 and started.config.vocab_size == 300
 
 
 def test_which_model_settings_the_command_line_names():

@@ -6,12 +6,12 @@ import math
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from model import GPT, GPTConfig
 from training.flops import flops_per_token, gpu_peak_flops
 from training.optim import lr_factor, make_adamw, parameter_groups
-from training.run import SettingError, accumulation, choose_precision
+from training.checks import SettingError, check_together
+from training.settings import choose_precision, global_batch
 
 
 def test_warmup_is_linear_up_to_the_peak():
@@ -67,22 +67,24 @@ def test_biases_and_layernorms_are_not_decayed():
 
 
 def cfg(tokens_per_step=None, batch_size=8, block_size=32, accumulate=None):
-    return OmegaConf.create(
-        {
-            "tokens_per_step": tokens_per_step,
-            "data": {"batch_size": batch_size},
-            "model": {"block_size": block_size},
-            "trainer": {"accumulate_grad_batches": accumulate},
-        }
-    )
+    return {
+        "tokens_per_step": tokens_per_step,
+        "data": {"batch_size": batch_size},
+        "model": {"block_size": block_size},
+        "trainer": {"accumulate_grad_batches": accumulate},
+    }
+
+
+def accumulation(values, world_size):
+    return global_batch(values, world_size)[1]
 
 
 def test_global_batch_in_tokens_sets_accumulation_for_any_device_count():
-    assert accumulation(cfg(tokens_per_step=2048), world_size=1) == 8
+    assert global_batch(cfg(tokens_per_step=2048), world_size=1) == (2048, 8)
     assert accumulation(cfg(tokens_per_step=2048), world_size=2) == 4
     assert accumulation(cfg(tokens_per_step=2048), world_size=8) == 1
-    assert accumulation(cfg(), world_size=4) == 1
-    assert accumulation(cfg(accumulate=3), world_size=1) == 3
+    assert global_batch(cfg(), world_size=4) == (4 * 8 * 32, 1)  # null: one micro-batch per device
+    assert global_batch(cfg(accumulate=3), world_size=1) == (3 * 8 * 32, 3)
 
 
 @pytest.mark.parametrize("tokens, world, message", [(1000, 1, "not a multiple"), (256, 2, "not a multiple")])
@@ -93,7 +95,7 @@ def test_a_global_batch_that_does_not_divide_is_refused(tokens, world, message):
 
 def test_global_batch_and_accumulation_together_are_refused():
     with pytest.raises(SettingError, match="not both"):
-        accumulation(cfg(tokens_per_step=512, accumulate=2), world_size=1)
+        check_together(cfg(tokens_per_step=512, accumulate=2))
 
 
 def test_precision_is_32_bit_on_cpu_and_can_be_chosen():

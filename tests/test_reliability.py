@@ -165,6 +165,27 @@ def test_too_many_nonfinite_losses_stop_the_run_and_keep_the_last_good_checkpoin
     assert_bit_equal(run / "checkpoints" / "step-000006.ckpt", good)  # the skipped steps changed nothing
 
 
+def test_nonfinite_losses_are_skipped_with_value_clipping_too(small_text, tmp_path):
+    run = tmp_path / "run"
+    proc = train(*args_for(small_text), "trainer.gradient_clip_algorithm=value", "trainer.gradient_clip_val=0.5",
+                 f"hydra.run.dir={run}", failpoint="nan:3-4")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert_bit_equal(run / "checkpoints" / "step-000004.ckpt", run / "checkpoints" / "step-000002.ckpt")
+
+
+def test_weights_that_are_no_longer_finite_are_never_checkpointed(small_text, tmp_path):
+    run = tmp_path / "run"
+    proc = train(*args_for(small_text), f"hydra.run.dir={run}", failpoint="nan_weights:4")  # broken after step 4
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    last_line = proc.stderr.strip().splitlines()[-1]
+    assert last_line.startswith("error: training diverged: at step 5 the weights are no longer finite (transformer.wte.weight)")
+    assert "the checkpoints written so far hold the last good weights" in last_line
+    saved = sorted((run / "checkpoints").glob("*.ckpt"))
+    assert [p.name for p in saved] == ["last.ckpt", "step-000002.ckpt", "step-000004.ckpt"]
+    for checkpoint in saved:
+        assert all(torch.isfinite(t).all() for t in state(checkpoint).values()), checkpoint
+
+
 def test_full_disk_while_saving_keeps_the_previous_checkpoint(small_text, tmp_path):
     run = tmp_path / "run"
     proc = train(*args_for(small_text), f"hydra.run.dir={run}", failpoint="enospc:4")

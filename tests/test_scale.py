@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import csv
 import json
+from pathlib import Path
 
 import pytest
 import torch
 
-from .common import TINY, TINY_MODEL
-from .test_train import run_script
+from .common import TINY, TINY_MODEL, run_script
 
 pytestmark = pytest.mark.slow
 
@@ -23,15 +23,17 @@ def weights(run):
 
 
 def test_ddp_on_two_processes_matches_one_process_with_the_same_global_batch(small_text, tmp_path):
+    # as the README shows it: no hydra.run.dir; the processes Lightning starts find the run folder themselves
     common = [*TINY, f"data.path={small_text}", "trainer.max_steps=6", "trainer.val_check_interval=3",
               "trainer.limit_val_batches=null", "tokens_per_step=512"]
-    single, ddp = tmp_path / "single", tmp_path / "ddp"
-    one = run_script("train.py", *common, f"hydra.run.dir={single}")
+    one = run_script("train.py", *common, "runs_root=single", cwd=tmp_path)
     assert one.returncode == 0, one.stderr[-2000:]
     assert "512 tokens per step = 8 sequences x 32 tokens x 1 device(s) x 2 accumulation" in one.stdout + one.stderr
-    two = run_script("train.py", *common, "trainer.strategy=ddp", "trainer.devices=2", "trainer.accelerator=cpu", f"hydra.run.dir={ddp}")
+    two = run_script("train.py", *common, "trainer.strategy=ddp", "trainer.devices=2", "trainer.accelerator=cpu",
+                     "runs_root=ddp", cwd=tmp_path)
     assert two.returncode == 0, two.stderr[-2000:]
     assert "512 tokens per step = 8 sequences x 32 tokens x 2 device(s) x 1 accumulation" in two.stdout + two.stderr
+    single, ddp = only_run(tmp_path / "single"), only_run(tmp_path / "ddp")
 
     assert final(ddp)["val/loss"] == pytest.approx(final(single)["val/loss"], rel=1e-5)
     for key, value in weights(single).items():
@@ -43,16 +45,26 @@ def test_ddp_on_two_processes_matches_one_process_with_the_same_global_batch(sma
     assert len(list(csv.DictReader(open(ddp / "metrics.csv")))) > 0
 
 
-def test_sweep_runs_each_setting_in_its_own_folder_and_summarises(small_text, tmp_path):
-    sweep = tmp_path / "sweep"
-    proc = run_script("train.py", "-m", *TINY, f"data.path={small_text}", "optim.lr=1e-3,3e-3", f"hydra.sweep.dir={sweep}")
+def only_run(runs_root):
+    runs = [p.parent for p in runs_root.glob("*/*/config.yaml")]
+    assert len(runs) == 1, runs
+    return runs[0]
+
+
+def test_sweep_as_the_readme_shows_it_puts_every_job_in_one_folder_and_summarises(small_text, tmp_path):
+    proc = run_script("train.py", "-m", *TINY, f"data.path={small_text}", "optim.lr=1e-3,3e-3", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
+    (sweep,) = (tmp_path / "multirun").glob("*/*")  # one sweep folder, though the jobs started seconds apart
+    assert sorted(p.name for p in sweep.iterdir() if p.is_dir()) == ["0", "1"]
     assert (sweep / "0" / "checkpoints" / "last.ckpt").is_file() and (sweep / "1" / "checkpoints" / "last.ckpt").is_file()
     rows = list(csv.DictReader(open(sweep / "summary.csv")))
     assert [float(row["optim.lr"]) for row in rows] == [1e-3, 3e-3]
-    assert all(float(row["val/loss"]) > 0 for row in rows)
+    assert all(float(row["val/bpc"]) > 0 and row["finished"] == "true" for row in rows)
     summary = json.loads((sweep / "summary.json").read_text())
-    assert summary[1]["config"]["optim"]["lr"] == 3e-3
+    assert summary["runs"][1]["config"]["optim"]["lr"] == 3e-3
+    best = min(summary["runs"], key=lambda r: r["metrics"]["val/bpc"])
+    assert summary["best"]["run"] == Path(best["run_dir"]).name and [row["best"] for row in rows].count("*") == 1
+    assert "best: " in proc.stdout + proc.stderr
 
 
 def test_compiled_model_saves_plain_weight_names(small_text, tmp_path):

@@ -10,8 +10,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from training.loggers import wandb_credentials_present, wandb_mode
 from training.run import train
 
-from .common import TINY
-from .test_train import compose_config
+from .common import TINY, compose_config
 
 METRICS = {
     "train/loss",

@@ -4,28 +4,15 @@ from __future__ import annotations
 
 import csv
 import math
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
 from model import GPT
 from model.checkpoint import load_checkpoint
 from training.run import SettingError, train
 
-from .common import ROOT, TINY
-
-
-def compose_config(*overrides: str):
-    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-        return compose("train", overrides=list(overrides))
-
-
-def run_script(*args: str, cwd: Path = ROOT, timeout: int = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout)
+from .common import ROOT, TINY, compose_config, run_script
 
 
 def test_required_overrides_compose(small_text, tmp_path):

@@ -68,9 +68,9 @@ class TextSamples(L.Callback):
     """After every validation, continues fixed prompts and logs the text: a table in wandb, text in
     TensorBoard, and `samples.md` in the run folder."""
 
-    def __init__(self, run_dir: Path, tokenizer_json: str, prompts: list[str], max_new_tokens: int = 64,
-                 temperature: float = 0.8, top_k: int | None = 50, seed: int = 1337):
-        self.path = Path(run_dir) / "samples.md"
+    def __init__(self, path: Path, tokenizer_json: str, prompts: list[str], max_new_tokens: int,
+                 temperature: float, top_k: int | None, seed: int):
+        self.path = Path(path)
         self.tokenizer = Tokenizer.from_str(tokenizer_json)
         self.prompts = list(prompts) or [""]
         self.max_new_tokens, self.temperature, self.top_k, self.seed = max_new_tokens, temperature, top_k, seed
@@ -90,6 +90,9 @@ class TextSamples(L.Callback):
     def on_validation_end(self, trainer, pl_module) -> None:
         if trainer.sanity_checking or not trainer.is_global_zero:
             return
+        loss = trainer.callback_metrics.get("val/loss")
+        if loss is not None and not torch.isfinite(loss):
+            return  # weights that give no finite loss give no probabilities to sample from
         model = pl_module.model
         was_training = model.training
         model.eval()
@@ -113,8 +116,8 @@ class LossCurve(L.Callback):
     """Keeps train and val loss against tokens seen and draws `loss.png` in the run folder when the
     run ends. The history is part of the checkpoint, so a resumed run draws the whole curve."""
 
-    def __init__(self, run_dir: Path, micro_batch_tokens: int):
-        self.path = Path(run_dir) / "loss.png"
+    def __init__(self, path: Path, micro_batch_tokens: int):
+        self.path = Path(path)
         self.micro_batch_tokens = micro_batch_tokens
         self.tokens_per_step = micro_batch_tokens
         self.train: list[tuple[float, float]] = []

@@ -1,16 +1,12 @@
-"""Checkpoints that survive anything: atomic writes, periodic saves with pruning, a clean stop on
-SIGINT/SIGTERM, and finding the checkpoint to resume from.
-
-A run folder holds `checkpoints/step-000500.ckpt` (every `checkpoint.every_n_steps`, the newest
-`checkpoint.keep` kept), `checkpoints/last.ckpt` (a link to the newest of those) and
-`checkpoints/best.ckpt` (lowest validation loss).
+"""Checkpoints that survive anything: atomic writes, periodic saves with pruning, and a clean stop on
+SIGINT/SIGTERM. Which files a run folder holds, and which one a resumed run continues from, is
+training.run_folder's.
 """
 
 from __future__ import annotations
 
 import errno
 import io
-import json
 import logging
 import os
 import signal
@@ -21,15 +17,10 @@ import lightning as L
 import torch
 from lightning.fabric.plugins import TorchCheckpointIO
 
-from model.checkpoint import CheckpointError
-
 from . import failpoints
+from .run_folder import RunFolder
 
 log = logging.getLogger(__name__)
-
-STEP_PATTERN = "step-*.ckpt"
-RESULT_FILE = "result.json"
-
 
 class CheckpointSaveError(RuntimeError):
     """A checkpoint could not be written; the message says what is intact and what to do."""
@@ -88,30 +79,30 @@ class PeriodicCheckpoints(L.Callback):
     """Saves `step-NNNNNN.ckpt` every `every_n_steps` optimizer steps and at the end, points
     `last.ckpt` at the newest, and deletes all but the newest `keep`."""
 
-    def __init__(self, folder: Path, every_n_steps: int, keep: int):
-        self.folder, self.every_n_steps, self.keep = Path(folder), every_n_steps, keep
+    def __init__(self, folder: RunFolder, every_n_steps: int, keep: int):
+        self.folder, self.every_n_steps, self.keep = folder, every_n_steps, keep
         self.saved_step = -1
 
     def save(self, trainer: L.Trainer) -> Path:
         """Checkpoint the current state (every process must call this; rank 0 writes)."""
-        path = self.folder / f"step-{trainer.global_step:06d}.ckpt"
+        path = self.folder.step_checkpoint(trainer.global_step)
         if self.saved_step == trainer.global_step:
             return path
         trainer.save_checkpoint(path, weights_only=False)  # the whole state: weights, optimizer, loops
         self.saved_step = trainer.global_step
         if trainer.is_global_zero:
-            link_last(self.folder, path.name)
+            link_last(self.folder.last, path)
             self.prune()
         return path
 
     def prune(self) -> None:
-        steps = sorted(self.folder.glob(STEP_PATTERN))
+        steps = self.folder.step_checkpoints()
         for old in steps[: max(0, len(steps) - self.keep)]:
             old.unlink(missing_ok=True)
 
     def on_train_start(self, trainer, pl_module) -> None:
         if trainer.is_global_zero:  # files of a write that was cut short; never mistaken for checkpoints
-            for stale in self.folder.glob(".*.tmp"):
+            for stale in self.folder.checkpoints.glob(".*.tmp"):
                 stale.unlink(missing_ok=True)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
@@ -125,12 +116,12 @@ class PeriodicCheckpoints(L.Callback):
         self.save(trainer)  # the final state, whatever the step
 
 
-def link_last(folder: Path, target: str) -> None:
-    """Point folder/last.ckpt at target (a file name in folder), replacing the link atomically."""
-    tmp = folder / f".last.ckpt.{os.getpid()}"
+def link_last(link: Path, target: Path) -> None:
+    """Point link (last.ckpt) at target, a file beside it, replacing the link atomically."""
+    tmp = link.with_name(f".{link.name}.{os.getpid()}")
     tmp.unlink(missing_ok=True)
-    tmp.symlink_to(target)
-    os.replace(tmp, folder / "last.ckpt")
+    tmp.symlink_to(target.name)
+    os.replace(tmp, link)
 
 
 class GracefulStop(L.Callback):
@@ -182,62 +173,3 @@ class GracefulStop(L.Callback):
 
     def on_exception(self, trainer, pl_module, exception) -> None:
         self.restore()
-
-
-# ---- resuming ----------------------------------------------------------------------------------------
-
-
-def run_folder_of(path: str | os.PathLike) -> Path:
-    """The run folder a resume= path names: the folder itself, or the run of a checkpoint in it."""
-    path = Path(path).expanduser()
-    if path.is_dir():
-        return path
-    if path.is_file() and path.parent.name == "checkpoints":
-        return path.parent.parent
-    if path.is_file():
-        raise CheckpointError(f"resume={path}: a checkpoint outside a run folder cannot be resumed; use init_from={path}")
-    raise CheckpointError(f"resume={path} does not exist; give a run folder, a checkpoint in one, or resume=auto")
-
-
-def resume_checkpoint(path: str | os.PathLike) -> Path:
-    """The checkpoint to resume from: the file given, else the run's last.ckpt, else its newest step file."""
-    path = Path(path).expanduser()
-    if path.is_file():
-        return path
-    folder = path / "checkpoints"
-    candidates = [folder / "last.ckpt", *sorted(folder.glob(STEP_PATTERN), reverse=True)]
-    for candidate in candidates:
-        if candidate.is_file():
-            return candidate.resolve()
-    raise CheckpointError(f"{path} has no checkpoint to resume from (checkpoints/last.ckpt or step-*.ckpt)")
-
-
-def is_finished(run_dir: Path) -> bool:
-    try:
-        return bool(json.loads((run_dir / RESULT_FILE).read_text()).get("finished"))
-    except (OSError, ValueError):
-        return False
-
-
-def comparable(config: dict[str, Any]) -> dict[str, Any]:
-    """A run's config without the settings that may change when the same run continues."""
-    return {k: v for k, v in config.items() if k not in ("resume", "latest_link", "hydra")}
-
-
-def find_resumable(runs_root: Path, config: dict[str, Any]) -> Path | None:
-    """The newest run under runs_root that is unfinished, has a checkpoint, and has this config."""
-    from omegaconf import OmegaConf
-
-    wanted = comparable(config)
-    candidates = []
-    for saved in Path(runs_root).glob("**/.hydra/config.yaml"):
-        run_dir = saved.parent.parent
-        if is_finished(run_dir) or not any((run_dir / "checkpoints").glob("*.ckpt")):
-            continue
-        try:
-            theirs = OmegaConf.to_container(OmegaConf.load(saved), resolve=True)
-        except Exception:  # an unreadable or foreign config is simply not a match
-            continue
-        if comparable(theirs) == wanted:
-            candidates.append((saved.stat().st_mtime, run_dir))
-    return max(candidates)[1] if candidates else None

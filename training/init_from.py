@@ -44,15 +44,6 @@ def model_keys_in(overrides: Iterable[str], model_cfg) -> set[str]:
     return keys
 
 
-def command_line_model_keys(model_cfg) -> set[str]:
-    """The `model` settings given on this run's command line; none when not run through Hydra."""
-    from hydra.core.hydra_config import HydraConfig
-
-    if not HydraConfig.initialized():
-        return set()
-    return model_keys_in(HydraConfig.get().overrides.task, model_cfg)
-
-
 def reconcile(saved: GPTConfig, requested, asked: set[str], source: Path) -> GPTConfig:
     """The checkpoint's config with the settings the user asked for, where they are compatible."""
     values = saved.to_dict()
@@ -74,10 +65,10 @@ def reconcile(saved: GPTConfig, requested, asked: set[str], source: Path) -> GPT
     return GPTConfig.from_dict(values)
 
 
-def start_from(cfg, asked: set[str] | None = None) -> Start | None:
+def start_from(cfg, asked: set[str]) -> Start | None:
     """The weights, shape and tokenizer of `cfg.init_from`, or None when it is not set.
 
-    `asked`: the model settings the user gave (default: read from Hydra's command line).
+    `asked`: the model settings the user gave (model_keys_in of the command line's overrides).
     """
     path = cfg.get("init_from")
     if not path:
@@ -85,7 +76,6 @@ def start_from(cfg, asked: set[str] | None = None) -> Start | None:
     weights = read_weights(path)
     if weights.tokenizer_json is None:
         raise CheckpointError(f"init_from={path} carries no tokenizer; training needs the one its weights learned with")
-    asked = command_line_model_keys(cfg.model) if asked is None else asked
     config = reconcile(weights.config, cfg.model, asked, weights.path)
     state = dict(weights.state)
     if config.block_size < weights.config.block_size:  # a shorter context needs fewer positions

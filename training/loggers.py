@@ -14,6 +14,8 @@ from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.loggers.logger import rank_zero_experiment
 
+from .run_folder import RunFolder
+
 WANDB_MODES = ("auto", "online", "offline", "disabled")
 
 
@@ -40,10 +42,10 @@ def wandb_mode(requested: str) -> str:
     return "online" if wandb_credentials_present() else "offline"
 
 
-def wandb_run_id(run_dir: Path) -> str:
+def wandb_run_id(folder: RunFolder) -> str:
     """The run's wandb id, made once and kept in the run folder, so a resumed run logs to the same
     wandb run."""
-    id_file = run_dir / ".wandb_id"
+    id_file = folder.wandb_id_file
     if id_file.is_file():
         return id_file.read_text().strip()
     run_id = secrets.token_hex(4)  # wandb ids: short, lowercase, unique within a project
@@ -51,15 +53,15 @@ def wandb_run_id(run_dir: Path) -> str:
     return run_id
 
 
-def make_wandb(cfg: dict[str, Any], run_dir: Path) -> Logger:
+def make_wandb(cfg: dict[str, Any], folder: RunFolder) -> Logger:
     from lightning.pytorch.loggers import WandbLogger
 
-    mode = wandb_mode(cfg.get("mode", "auto"))
+    mode = wandb_mode(cfg["mode"])
     logger = WandbLogger(
-        save_dir=str(run_dir),
-        id=wandb_run_id(run_dir),
-        project=cfg.get("project", "tinygpt2"),
-        name=cfg.get("name") or run_dir.name,
+        save_dir=str(folder.path),
+        id=wandb_run_id(folder),
+        project=cfg["project"],
+        name=cfg.get("name") or folder.path.name,
         group=cfg.get("group"),
         tags=list(cfg.get("tags") or []),
         mode=mode,
@@ -107,7 +109,7 @@ class ContinuingCSVLogger(CSVLogger):
         return self._experiment
 
 
-def build_loggers(logger_cfg: dict[str, Any] | None, run_dir: Path, resume_step: int | None = None) -> list[Logger]:
+def build_loggers(logger_cfg: dict[str, Any] | None, folder: RunFolder, resume_step: int | None = None) -> list[Logger]:
     """One Lightning logger per key of the `logger` group (wandb, tensorboard, csv); none for logger=none.
 
     resume_step: the step of the checkpoint a resumed run starts from; the CSV and TensorBoard logs
@@ -116,18 +118,17 @@ def build_loggers(logger_cfg: dict[str, Any] | None, run_dir: Path, resume_step:
     loggers: list[Logger] = []
     for name, cfg in (logger_cfg or {}).items():
         cfg = cfg or {}
-        if name == "csv":
+        if name == "csv":  # writes folder.metrics_file
             if resume_step is None:
-                loggers.append(CSVLogger(save_dir=str(run_dir), name="", version=""))
+                loggers.append(CSVLogger(save_dir=str(folder.path), name="", version=""))
             else:
-                loggers.append(ContinuingCSVLogger(str(run_dir), resume_step))
+                loggers.append(ContinuingCSVLogger(str(folder.path), resume_step))
         elif name == "wandb":
-            loggers.append(make_wandb(cfg, run_dir))
+            loggers.append(make_wandb(cfg, folder))
         elif name == "tensorboard":
             purge = {} if resume_step is None else {"purge_step": resume_step}
-            loggers.append(
-                TensorBoardLogger(save_dir=str(run_dir), name="tensorboard", version="", default_hp_metric=False, **purge)
-            )
+            loggers.append(TensorBoardLogger(save_dir=str(folder.path), name=folder.tensorboard.name, version="",
+                                             default_hp_metric=False, **purge))
         else:
             raise ValueError(f"unknown logger {name!r}; use wandb, tensorboard, csv or none")
     return loggers

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from model import GPT, GPTConfig
-from model.checkpoint import META_KEY
+from model.checkpoint import describe_model
 
 from . import failpoints
 from .optim import TimeBudgetSchedule, lr_factor, make_adamw
@@ -31,8 +31,8 @@ def logging_step(trainer, step_done: bool = False) -> bool:
 class GPTModule(L.LightningModule):
     """Trains `self.model`, a plain GPT.
 
-    Every checkpoint it writes carries, under `tinygpt2`, the model config, the tokenizer and the
-    resolved run config, so `GPT.from_checkpoint` needs nothing else.
+    Every checkpoint it writes carries the model config, the tokenizer and the run's settings
+    (model.checkpoint.describe_model), so `GPT.from_checkpoint` and resuming need nothing else.
     """
 
     def __init__(
@@ -49,7 +49,7 @@ class GPTModule(L.LightningModule):
         self.max_time_seconds = max_time_seconds
         self.model = GPT(model_config)
         self.optim = dict(optim)
-        self.max_nonfinite_in_a_row = int(self.optim.get("max_nonfinite_in_a_row", 10))
+        self.max_nonfinite_in_a_row = int(self.optim["max_nonfinite_in_a_row"])
         self.nonfinite_in_a_row = 0
         self.skipped_steps = 0
         self.parameters_list: list[torch.nn.Parameter] | None = None
@@ -86,6 +86,9 @@ class GPTModule(L.LightningModule):
         sync across processes, which per-step values do not need; it cost about a millisecond a value,
         a few percent of a small model's step on a CPU."""
         trainer = self.trainer
+        if failpoints.active("nan_weights", trainer.global_step):
+            with torch.no_grad():
+                self.model.transformer.wte.weight[0, 0] = float("nan")
         if not self.train_values or not logging_step(trainer, step_done=True) or trainer.global_step == self.logged_step:
             return  # (with gradient accumulation, the other micro-batches of a logged step)
         self.logged_step = trainer.global_step
@@ -137,10 +140,10 @@ class GPTModule(L.LightningModule):
 
         A non-finite norm (a NaN or inf loss, or an overflow) drops the step's gradients, so AdamW
         leaves the weights and its moments as they were. Gradients are averaged across processes
-        before this point, so every process makes the same decision.
+        before this point, so every process makes the same decision. Value clipping
+        (trainer.gradient_clip_algorithm=value) is checked the same way, then clipped by Lightning.
         """
-        if gradient_clip_algorithm not in (None, "norm") or self.trainer.strategy.__class__.__name__.startswith("FSDP"):
-            # value clipping, and FSDP's sharded norm, are Lightning's own
+        if self.trainer.strategy.__class__.__name__.startswith("FSDP"):  # FSDP's sharded norm is Lightning's own
             return super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
         if self.parameters_list is None:  # walking the module tree each step costs more than the norm of a small model
             self.parameters_list = list(self.model.parameters())
@@ -150,7 +153,9 @@ class GPTModule(L.LightningModule):
             self.skip_step(optimizer)
             return
         self.nonfinite_in_a_row = 0
-        if gradient_clip_val:
+        if gradient_clip_algorithm not in (None, "norm"):
+            super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
+        elif gradient_clip_val:
             torch.nn.utils.clip_grads_with_norm_(params, gradient_clip_val, norm)
         if logging_step(self.trainer):
             self.log_train("train/grad_norm", norm)
@@ -174,11 +179,14 @@ class GPTModule(L.LightningModule):
     # ---- checkpoints -----------------------------------------------------------------------------
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint[META_KEY] = {
-            "model_config": self.model.config.to_dict(),
-            "tokenizer": self.tokenizer_json,
-            "config": self.run_config,
-        }
+        bad = next((name for name, p in self.model.named_parameters() if not torch.isfinite(p).all()), None)
+        if bad is not None:  # never a checkpoint of broken weights: the ones written so far stay the newest
+            raise TrainingDiverged(
+                f"training diverged: at step {self.trainer.global_step} the weights are no longer finite ({bad}); no "
+                "checkpoint was written from them, so the checkpoints written so far hold the last good weights. "
+                "Lower optim.lr, or set trainer.gradient_clip_val"
+            )
+        checkpoint.update(describe_model(self.model.config, self.tokenizer_json, self.run_config))
         checkpoint["rng_states"] = rng_states()
         checkpoint["nonfinite"] = {"skipped": self.skipped_steps, "in_a_row": self.nonfinite_in_a_row}
 

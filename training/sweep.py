@@ -1,7 +1,9 @@
-"""Sweeps (`python train.py -m optim.lr=1e-3,3e-3`): one folder per run, a summary at the root.
+"""Sweeps (`python train.py -m optim.lr=1e-3,3e-3`, or a search: `-m hparams_search=optuna`): one run
+folder per job under one sweep folder, and a summary at its root.
 
-Each run writes `result.json` (its overrides, resolved config and final metrics) into its own folder;
-when the sweep ends, `SweepSummary` gathers them into `summary.csv` and `summary.json` beside them.
+Each run writes `result.json` (its overrides, settings and final metrics) into its own folder; as each
+job ends, `summarize` gathers them into `summary.csv` and `summary.json` beside them, naming the best
+job by the objective (`val/bpc`, what `python train.py` returns to Hydra's sweepers).
 """
 
 from __future__ import annotations
@@ -9,47 +11,66 @@ from __future__ import annotations
 import csv
 import json
 import logging
+import math
 from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
+from hydra.types import RunMode
 from omegaconf import DictConfig
+
+from .run_folder import RunFolder, write_atomically
 
 log = logging.getLogger(__name__)
 
-RESULT_FILE = "result.json"
-METRICS = ("val/loss", "val/bpc", "val/perplexity", "train/loss")
+OBJECTIVE = "val/bpc"  # lower is better; comparable across tokenizers
+METRICS = ("val/bpc", "val/loss", "val/perplexity", "train/loss")
 
 
-def write_result(
-    run_dir: Path, overrides: list[str], config: dict[str, Any], metrics: dict[str, float], finished: bool = True
-) -> None:
-    """result.json: what the run was asked, what it reached, and whether it ran to its end."""
-    result = {"run_dir": str(run_dir), "finished": finished, "overrides": overrides, "metrics": metrics, "config": config}
-    (Path(run_dir) / RESULT_FILE).write_text(json.dumps(result, indent=2))
+def result_record(folder: RunFolder, overrides: list[str], settings: dict[str, Any], metrics: dict[str, float],
+                  finished: bool, error: str | None = None) -> dict[str, Any]:
+    """What result.json holds: what the run was asked, what it reached, whether it ran to its end."""
+    record = {"run_dir": str(folder.path), "finished": finished, "overrides": overrides, "metrics": metrics, "config": settings}
+    if error:
+        record["error"] = error
+    return record
 
 
-def summarize(sweep_dir: Path) -> list[dict[str, Any]]:
-    """Collect every run's result under sweep_dir into summary.json and summary.csv; returns the rows."""
-    results = [json.loads(p.read_text()) for p in sorted(sweep_dir.glob(f"*/{RESULT_FILE}"), key=run_order)]
+def summarize(sweep_dir: Path) -> dict[str, Any] | None:
+    """Collect every job's result under sweep_dir into summary.json and summary.csv; None when no job
+    has a result yet."""
+    jobs = sorted((p for p in Path(sweep_dir).iterdir() if p.is_dir()), key=job_order) if Path(sweep_dir).is_dir() else []
+    results = [r for r in (RunFolder(p).read_result() for p in jobs) if r]
     if not results:
-        return []
-    (sweep_dir / "summary.json").write_text(json.dumps(results, indent=2))
+        return None
+    best = best_result(results)
+    summary = {
+        "objective": OBJECTIVE,
+        "best": {"run": Path(best["run_dir"]).name, "overrides": best["overrides"], OBJECTIVE: best["metrics"][OBJECTIVE]} if best else None,
+        "runs": results,
+    }
+    write_atomically(Path(sweep_dir) / "summary.json", json.dumps(summary, indent=2))
     swept = swept_settings(results)
     metric_names = [m for m in METRICS if any(m in r["metrics"] for r in results)]
-    with open(sweep_dir / "summary.csv", "w", newline="") as out:
-        writer = csv.writer(out)
-        writer.writerow(["run", *swept, *metric_names])
-        for r in results:
-            settings = overrides_as_dict(r)
-            writer.writerow(
-                [Path(r["run_dir"]).name, *(settings.get(k, "") for k in swept), *(r["metrics"].get(m, "") for m in metric_names)]
-            )
-    return results
+    rows = [["run", *swept, *metric_names, "finished", "best"]]
+    for r in results:
+        settings = overrides_as_dict(r)
+        rows.append([Path(r["run_dir"]).name, *(settings.get(k, "") for k in swept), *(r["metrics"].get(m, "") for m in metric_names),
+                     r.get("error") or str(r["finished"]).lower(), "*" if r is best else ""])
+    tmp = Path(sweep_dir) / ".summary.csv.tmp"
+    with open(tmp, "w", newline="") as out:
+        csv.writer(out).writerows(rows)
+    tmp.replace(Path(sweep_dir) / "summary.csv")
+    return summary
+
+
+def best_result(results: list[dict[str, Any]]) -> dict[str, Any] | None:
+    scored = [r for r in results if math.isfinite(r["metrics"].get(OBJECTIVE, math.inf))]
+    return min(scored, key=lambda r: r["metrics"][OBJECTIVE]) if scored else None
 
 
 def overrides_as_dict(result: dict[str, Any]) -> dict[str, str]:
-    return dict(o.split("=", 1) for o in result["overrides"] if "=" in o)
+    return dict(o.lstrip("+").split("=", 1) for o in result["overrides"] if "=" in o)
 
 
 def swept_settings(results: list[dict[str, Any]]) -> list[str]:
@@ -59,23 +80,30 @@ def swept_settings(results: list[dict[str, Any]]) -> list[str]:
     return [k for k in keys if len({settings.get(k) for settings in per_run}) > 1]
 
 
-def run_order(path: Path) -> tuple[int, str]:
-    name = path.parent.name
-    return (int(name), name) if name.isdigit() else (1 << 30, name)
+def job_order(path: Path) -> tuple[int, str]:
+    return (int(path.name), path.name) if path.name.isdigit() else (1 << 30, path.name)
 
 
 class SweepSummary(Callback):
-    """Hydra callback: after a multirun, writes the summary at the sweep root and logs a table."""
+    """Hydra callback: after each job of a multirun, brings the summary at the sweep root up to date
+    (so a sweep stopped part way has one); at the end, logs the table and the best job."""
+
+    def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
+        if config.hydra.mode == RunMode.MULTIRUN:
+            summarize(Path(config.hydra.sweep.dir))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
-        results = summarize(sweep_dir)
-        if not results:
+        summary = summarize(sweep_dir)
+        if summary is None:
             log.warning("no run of the sweep in %s finished; no summary written", sweep_dir)
             return
         log.info("sweep summary: %s", sweep_dir / "summary.csv")
-        swept = swept_settings(results)
-        for r in results:
-            settings = " ".join(o for o in r["overrides"] if o.partition("=")[0] in swept) or "(defaults)"
-            metrics = ", ".join(f"{m} {r['metrics'][m]:.4f}" for m in METRICS if m in r["metrics"])
+        swept = swept_settings(summary["runs"])
+        for r in summary["runs"]:
+            settings = " ".join(o for o in r["overrides"] if o.lstrip("+").partition("=")[0] in swept) or "(defaults)"
+            metrics = ", ".join(f"{m} {r['metrics'][m]:.4f}" for m in METRICS if m in r["metrics"]) or r.get("error", "")
             log.info("  %s  %s  %s", Path(r["run_dir"]).name, settings, metrics)
+        if summary["best"]:
+            best = summary["best"]
+            log.info("best: %s (%s), %s %.4f", best["run"], " ".join(best["overrides"]) or "defaults", OBJECTIVE, best[OBJECTIVE])

@@ -1,0 +1,312 @@
+"""A run's life as a user lives it: started with overrides, stopped, continued with the command the
+program printed, extended, swept, searched, requeued, and kept from a second process or a folder of
+someone else's files. train.py runs in a subprocess from a fresh folder, as a shell would run it."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+import train
+from training.run_folder import RunFolder, RunFolderError, claim_new_folder
+from training.run import train as train_run
+
+from .common import ROOT, TINY, compose_config, one_error_line, run_script
+
+pytestmark = pytest.mark.slow
+
+# A run of a real (tiny) size: model, optimizer, length and logger all differ from the defaults.
+STEPS = 12
+
+
+def run_args(small_text: Path, *extra: str) -> list[str]:
+    return [*TINY, f"data.path={small_text}", "optim.lr=2e-3", f"trainer.max_steps={STEPS}", "trainer.val_check_interval=4",
+            "checkpoint.every_n_steps=2", "checkpoint.keep=20", *extra]
+
+
+def start(args: list[str], cwd: Path, failpoint: str | None = None, env: dict | None = None, **popen) -> subprocess.Popen:
+    env = {**os.environ, **(env or {})}
+    env.pop("TINYGPT2_FAILPOINT", None)
+    if failpoint:
+        env["TINYGPT2_FAILPOINT"] = failpoint
+    return subprocess.Popen([sys.executable, str(ROOT / "train.py"), *args], cwd=cwd, env=env, text=True, **popen)
+
+
+def finish(proc: subprocess.Popen) -> tuple[str, str]:
+    out, err = proc.communicate(timeout=600)
+    return out or "", err or ""
+
+
+def runs_under(root: Path) -> list[Path]:
+    return sorted(p.parent for p in root.glob("[0-9]*/*/tokenizer.json"))
+
+
+def weights_and_moments(checkpoint: Path) -> list[torch.Tensor]:
+    ckpt = torch.load(checkpoint, weights_only=True)
+    moments = [t for s in ckpt["optimizer_states"][0]["state"].values() for t in (s["exp_avg"], s["exp_avg_sq"])]
+    return [*ckpt["state_dict"].values(), *moments]
+
+
+def assert_bit_equal(a: Path, b: Path) -> None:
+    for x, y in zip(weights_and_moments(a), weights_and_moments(b), strict=True):
+        assert torch.equal(x, y)
+
+
+def losses(run: Path) -> dict[int, str]:
+    return {int(r["step"]): r["train/loss"] for r in csv.DictReader(open(run / "metrics.csv")) if r.get("train/loss")}
+
+
+def snapshot(folder: Path) -> dict[str, tuple[int, int]]:
+    return {str(p.relative_to(folder)): (p.lstat().st_size, p.lstat().st_mtime_ns) for p in sorted(folder.rglob("*"))}
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, small_text) -> Path:
+    """The run, never interrupted."""
+    cwd = tmp_path_factory.mktemp("reference")
+    proc = run_script("train.py", *run_args(small_text), cwd=cwd)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (run,) = runs_under(cwd / "outputs")
+    return run
+
+
+def stopped_run(small_text: Path, cwd: Path, failpoint: str = "kill:7", *extra: str) -> Path:
+    """The run, killed part way (after step 7: its newest checkpoint is step 6)."""
+    before = runs_under(cwd / "outputs")
+    proc = start(run_args(small_text, *extra), cwd, failpoint)
+    finish(proc)
+    assert proc.returncode == -signal.SIGKILL
+    (run,) = set(runs_under(cwd / "outputs")) - set(before)
+    return run
+
+
+# ---- resume exactly as printed ---------------------------------------------------------------------------
+
+
+def test_the_printed_resume_command_continues_the_run_bit_for_bit(small_text, tmp_path):
+    steps = 400  # long enough to be interrupted early on any machine
+    args = run_args(small_text, f"trainer.max_steps={steps}", "trainer.val_check_interval=100", "checkpoint.every_n_steps=20")
+    reference = run_script("train.py", *args, "runs_root=reference", cwd=tmp_path)
+    assert reference.returncode == 0, reference.stderr[-2000:]
+
+    proc = start(args, tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.time() + 300
+    while not list(tmp_path.glob("outputs/*/*/checkpoints/step-000020.ckpt")) and time.time() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    out, err = finish(proc)
+    assert proc.returncode == 0, err[-2000:]
+    (run,) = runs_under(tmp_path / "outputs")
+    settings_before, tokenizer_before = (run / "config.yaml").read_bytes(), (run / "tokenizer.json").read_bytes()
+    printed = [line.split("Continue with: ", 1)[1] for line in (out + err).splitlines() if "Continue with: " in line]
+    assert len(printed) == 1 and printed[0] == f"python train.py resume={run}"
+
+    command = shlex.split(printed[0])  # run as printed, from the same folder, with nothing else given
+    resumed = run_script(*command[1:], cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert runs_under(tmp_path / "outputs") == [run]  # continued in place
+    (done,) = runs_under(tmp_path / "reference")
+    assert_bit_equal(run / "checkpoints" / "last.ckpt", done / "checkpoints" / "last.ckpt")
+    assert losses(run) == losses(done)
+    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == steps
+    result = json.loads((run / "result.json").read_text())
+    assert result["finished"] and result["config"]["optim"]["lr"] == 2e-3 and list(result["config"]["logger"]) == ["csv"]
+    assert not list(run.glob("wandb"))  # the run's own logger, not the default one
+    assert (run / "config.yaml").read_bytes() == settings_before and (run / "tokenizer.json").read_bytes() == tokenizer_before
+
+
+def test_a_contradicting_setting_beside_resume_is_refused(small_text, tmp_path):
+    run = stopped_run(small_text, tmp_path)
+    before = snapshot(run)
+    proc = run_script("train.py", f"resume={run}", "model.n_layer=4", cwd=tmp_path)
+    assert proc.returncode == 1
+    assert one_error_line(proc.stderr) == (
+        f"error: model.n_layer=4 contradicts the run being resumed ({run}), whose model.n_layer is 2; leave it out "
+        "to continue the run as it was, or start a new run without resume= (README: Interrupted runs, and resuming)"
+    )
+    assert snapshot(run) == before  # not a byte changed, no .hydra/resume-* record
+
+    contradicting = {
+        "logger=wandb": "logger=wandb contradicts the run being resumed",
+        "logger=[wandb,csv]": "logger=[wandb,csv] contradicts",
+        "optim.lr=1e-2": "optim.lr=0.01 contradicts",
+        "seed=7": "seed=7 contradicts",
+        "model=nano": "model.n_embd=96 contradicts",  # the preset names every model setting
+        "experiment=shakespeare_char_cpu": "contradicts the run being resumed",
+        "tokenizer.vocab_size=400": "tokenizer.vocab_size=400 contradicts",
+        "data=pydoc": "contradicts the run being resumed",
+        "tokens_per_step=512": "tokens_per_step=512 contradicts",
+        "trainer.max_steps=5": "trainer.max_steps=5: the run is past that (its checkpoint is at step 6)",
+    }
+    for override, message in contradicting.items():
+        assert message in train.check_command_line([f"resume={run}", override]), override
+    allowed = [["trainer.max_steps=40", "checkpoint.keep=3", "checkpoint.every_n_steps=5", "samples.enabled=false"],
+               ["trainer.devices=1", "trainer.accelerator=cpu", "trainer.enable_progress_bar=true", "trainer.log_every_n_steps=5"],
+               run_args(small_text)]  # every original setting repeated
+    for overrides in allowed:
+        assert train.check_command_line([f"resume={run}", *overrides]) is None, overrides
+    assert snapshot(run) == before
+
+
+def test_a_resumed_run_may_run_longer_and_keeps_its_first_settings_file(small_text, tmp_path):
+    run = stopped_run(small_text, tmp_path)
+    settings = (run / "config.yaml").read_bytes()
+    proc = run_script("train.py", f"resume={run}", "trainer.max_steps=16", "checkpoint.every_n_steps=4", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    last = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
+    assert last["global_step"] == 16 and last["tinygpt2"]["config"]["trainer"]["max_steps"] == 16
+    assert (run / "config.yaml").read_bytes() == settings  # the settings it started with, never rewritten
+    assert yaml.safe_load(settings)["trainer"]["max_steps"] == STEPS
+    again = run_script("train.py", f"resume={run}", cwd=tmp_path)  # its newest checkpoint knows it was extended
+    assert again.returncode == 1
+    assert "trainer.max_steps=16: the run is finished (its checkpoint is at step 16)" in one_error_line(again.stderr)
+
+
+def test_a_run_killed_after_best_ckpt_and_before_any_step_file_resumes_from_it(small_text, reference, tmp_path):
+    args = run_args(small_text, "checkpoint.every_n_steps=1000")  # no step file before the end; best.ckpt at step 4
+    proc = start(args, tmp_path, failpoint="kill:6")
+    finish(proc)
+    (run,) = runs_under(tmp_path / "outputs")
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["best.ckpt"]
+    resumed = run_script("train.py", *args, "resume=auto", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert runs_under(tmp_path / "outputs") == [run]
+    assert_bit_equal(run / "checkpoints" / "last.ckpt", reference / "checkpoints" / "last.ckpt")
+    assert losses(run) == losses(reference)
+
+
+def test_resume_auto_continues_the_run_with_these_settings(small_text, tmp_path):
+    slow = stopped_run(small_text, tmp_path, "kill:7", "optim.lr=1e-3")
+    fast = stopped_run(small_text, tmp_path, "kill:7", "optim.lr=3e-3")
+    assert train.check_command_line([*run_args(small_text, "optim.lr=3e-3"), "resume=auto"]) is None
+    proc = run_script("train.py", *run_args(small_text, "optim.lr=3e-3"), "resume=auto", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads((fast / "result.json").read_text())["finished"] and not (slow / "result.json").exists()
+    new = run_script("train.py", *run_args(small_text, "optim.lr=5e-3"), "resume=auto", cwd=tmp_path)  # nothing to continue
+    assert new.returncode == 0, new.stderr[-2000:]
+    assert len(runs_under(tmp_path / "outputs")) == 3
+
+
+# ---- sweeps and searches ------------------------------------------------------------------------------
+
+
+def test_an_optuna_search_records_every_trial_and_the_best(small_text, tmp_path):
+    proc = run_script("train.py", "-m", "hparams_search=optuna", "hydra.sweeper.n_trials=2", *TINY,
+                      f"data.path={small_text}", "trainer.max_time=null", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (sweep,) = (tmp_path / "multirun").glob("*/*")
+    assert sorted(p.name for p in sweep.iterdir() if p.is_dir()) == ["0", "1"]
+    summary = json.loads((sweep / "summary.json").read_text())
+    bpcs = [r["metrics"]["val/bpc"] for r in summary["runs"]]
+    assert len(bpcs) == 2 and summary["best"]["val/bpc"] == min(bpcs)
+    assert len(list(csv.DictReader(open(sweep / "summary.csv")))) == 2
+    optuna = yaml.safe_load((sweep / "optimization_results.yaml").read_text())
+    assert optuna["best_value"] == pytest.approx(min(bpcs))  # what main() returned is what Optuna minimised
+    trial_lrs = {r["config"]["optim"]["lr"] for r in summary["runs"]}
+    assert len(trial_lrs) == 2  # the search varied the learning rate
+
+
+# ---- any Lightning Trainer argument ------------------------------------------------------------------------
+
+
+def test_trainer_takes_any_lightning_argument(small_text, tmp_path):
+    proc = run_script("train.py", *TINY, f"data.path={small_text}", "trainer.max_steps=3", "optim.warmup_steps=1",
+                      "trainer.deterministic=true", "trainer.profiler=simple", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (run,) = runs_under(tmp_path / "outputs")
+    trainer = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["tinygpt2"]["config"]["trainer"]
+    assert trainer["deterministic"] is True and trainer["profiler"] == "simple"
+    assert "FIT Profiler Report" in proc.stdout + proc.stderr
+
+
+# ---- one run, one folder, one process -----------------------------------------------------------------------
+
+
+def test_two_runs_started_in_the_same_second_get_two_folders(monkeypatch, small_text, tmp_path):
+    import training.run_folder as run_folder
+
+    class Frozen:
+        @staticmethod
+        def now():
+            from datetime import datetime
+
+            return datetime(2026, 11, 22, 9, 46, 2)
+
+    monkeypatch.setattr(run_folder, "datetime", Frozen)
+    first, second = claim_new_folder(tmp_path / "outputs"), claim_new_folder(tmp_path / "outputs")
+    assert first.folder.path.name == "09-46-02" and second.folder.path.name == "09-46-02-2"
+    monkeypatch.undo()
+
+    both = [start(run_args(small_text), tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for _ in range(2)]
+    for proc in both:
+        _, err = finish(proc)
+        assert proc.returncode == 0, err[-2000:]
+    runs = runs_under(tmp_path / "outputs")
+    assert len(runs) == 2
+    for run in runs:  # each holds one whole run: its own steps, logged once each
+        assert sorted(losses(run)) == list(range(STEPS))
+
+
+def test_a_second_process_on_a_running_run_is_refused(small_text, tmp_path):
+    run = tmp_path / "run"
+    args = run_args(small_text, "trainer.max_steps=1000000", "trainer.val_check_interval=1000000", "checkpoint.every_n_steps=50")
+    proc = start([*args, f"hydra.run.dir={run}"], tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 300
+        while not (run / "checkpoints" / "step-000050.ckpt").exists() and time.time() < deadline:
+            time.sleep(0.05)
+        for command in ([f"resume={run}"], [*args, f"hydra.run.dir={run}"]):
+            second = run_script("train.py", *command, cwd=tmp_path)
+            assert second.returncode == 1
+            assert f"being trained by process {proc.pid} on " in one_error_line(second.stderr)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        finish(proc)
+    assert proc.returncode == 0
+    RunFolder(run).lock()  # free again once the process has ended
+    RunFolder(run).unlock()
+
+
+def test_a_folder_of_the_users_own_files_is_refused_and_left_as_it_was(small_text, tmp_path):
+    mine = tmp_path / "project"
+    (mine / "src").mkdir(parents=True)
+    (mine / "notes.txt").write_text("my notes")
+    (mine / "src" / "main.py").write_text("print('mine')")
+    (mine / "config.yaml").write_text("mine: true\n")
+    before = snapshot(mine)
+    proc = run_script("train.py", *run_args(small_text), f"hydra.run.dir={mine}", cwd=tmp_path)
+    assert proc.returncode == 1
+    assert "holds files that are not a run's (config.yaml, notes.txt, src)" in one_error_line(proc.stderr)
+    with pytest.raises(RunFolderError, match="holds files that are not a run's"):  # the Python API too
+        train_run(compose_config(*run_args(small_text)), mine)
+    assert snapshot(mine) == before and (mine / "config.yaml").read_text() == "mine: true\n"
+
+
+def test_a_requeued_slurm_job_continues_its_run(small_text, reference, tmp_path):
+    slurm = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NAME": "tinygpt2", "SLURM_NTASKS": "1", "SLURM_NTASKS_PER_NODE": "1",
+             "SLURM_NODELIST": "localhost", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0"}
+    first = start(run_args(small_text), tmp_path, "kill:7", env=slurm)
+    finish(first)
+    run = tmp_path / "outputs" / "slurm-4242"
+    assert first.returncode == -signal.SIGKILL and (run / "checkpoints" / "step-000006.ckpt").is_file()
+
+    again = run_script("train.py", *run_args(small_text), cwd=tmp_path, env={**os.environ, **slurm})  # not a requeue
+    assert again.returncode == 1 and "already holds a run" in one_error_line(again.stderr)
+
+    requeued = run_script("train.py", *run_args(small_text), cwd=tmp_path, env={**os.environ, **slurm, "SLURM_RESTART_COUNT": "1"})
+    assert requeued.returncode == 0, requeued.stderr[-2000:]
+    assert "restarted by its scheduler: continuing" in requeued.stdout + requeued.stderr
+    assert json.loads((run / "result.json").read_text())["finished"]
+    assert_bit_equal(run / "checkpoints" / "last.ckpt", reference / "checkpoints" / "last.ckpt")
+    assert not list(run.rglob("hpc_ckpt*"))  # Lightning's own requeue is off

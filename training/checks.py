@@ -1,0 +1,445 @@
+"""Every setting of a run, checked at once before anything is made: kinds, ranges, choices, lists, NaN
+and infinities, and the trainer's arguments against Lightning's own. One line per problem, naming the
+setting. The values themselves (the defaults) live in configs/; this says only what a value may be.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import logging
+import math
+import types
+import typing
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from model import GPTConfig
+
+
+class SettingError(ValueError):
+    """A training setting that cannot work; the message names it and says how to fix it."""
+
+
+MISSING = "???"  # Hydra's mark for a value that must be given
+
+# ---- kinds of value ----------------------------------------------------------------------------------
+
+
+def shown(value: Any) -> str:
+    return repr(value) if isinstance(value, str) else str(value).lower() if isinstance(value, bool) else str(value)
+
+
+@dataclass(frozen=True)
+class Number:
+    whole: bool = False
+    min: float | None = None  # at least
+    above: float | None = None  # more than
+    max: float | None = None  # at most
+    below: float | None = None  # less than
+    also: tuple = ()  # values accepted outside the range (e.g. -1 for "no limit")
+    also_means: str = ""  # what they mean, for the message
+    optional: bool = False
+
+    def check(self, key: str, value: Any) -> None:
+        if value is None and self.optional:
+            return
+        kind = "a whole number" if self.whole else "a number"
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise SettingError(f"{key} must be {kind}, got {shown(value)}")
+        if not math.isfinite(value):
+            raise SettingError(f"{key} must be a finite number, got {value}")
+        if self.whole and not float(value).is_integer():
+            raise SettingError(f"{key} must be a whole number, got {value}")
+        if value in self.also:
+            return
+        extra = f" (or {', '.join(map(str, self.also))}{' ' + self.also_means if self.also_means else ''})" if self.also else ""
+        for bound, fails, words in (
+            (self.min, lambda b: value < b, "at least"),
+            (self.above, lambda b: value <= b, "above"),
+            (self.max, lambda b: value > b, "at most"),
+            (self.below, lambda b: value >= b, "below"),
+        ):
+            if bound is not None and fails(bound):
+                raise SettingError(f"{key} must be {words} {bound:g}{extra}, got {value}")
+
+
+@dataclass(frozen=True)
+class Choice:
+    values: tuple
+
+    def check(self, key: str, value: Any) -> None:
+        if value not in self.values or isinstance(value, bool):
+            raise SettingError(f"{key} must be one of {', '.join(map(str, self.values))}, got {shown(value)}")
+
+
+@dataclass(frozen=True)
+class Text:
+    optional: bool = False
+
+    def check(self, key: str, value: Any) -> None:
+        if value is None and self.optional:
+            return
+        if not isinstance(value, str):
+            raise SettingError(f"{key} must be text, got {shown(value)}")
+
+
+@dataclass(frozen=True)
+class Flag:
+    def check(self, key: str, value: Any) -> None:
+        if not isinstance(value, bool):
+            raise SettingError(f"{key} must be true or false, got {shown(value)}")
+
+
+@dataclass(frozen=True)
+class ListOf:
+    item: Any
+    length: int | None = None
+    optional: bool = False
+
+    def check(self, key: str, value: Any) -> None:
+        if value is None and self.optional:
+            return
+        count = f"{self.length} " if self.length else ""
+        if not isinstance(value, list) or (self.length is not None and len(value) != self.length):
+            raise SettingError(f"{key} must be a list of {count}values, e.g. {key}=[...], got {shown(value)}")
+        for i, item in enumerate(value):
+            self.item.check(f"{key}[{i}]", item)
+
+
+@dataclass(frozen=True)
+class ValidationEvery:
+    """trainer.val_check_interval: a number of steps, or a time ("dd:hh:mm:ss")."""
+
+    def check(self, key: str, value: Any) -> None:
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+            return
+        if isinstance(value, (str, dict)):
+            TimeSpan().check(key, value)
+            return
+        raise SettingError(f"{key} must be a whole number of steps (at least 1) or a time (dd:hh:mm:ss), got {shown(value)}")
+
+
+@dataclass(frozen=True)
+class ValidationBatches:
+    """trainer.limit_val_batches: a number of batches, or a fraction of the validation split; none: all of it."""
+
+    def check(self, key: str, value: Any) -> None:
+        if value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+            return
+        if value == 0 and not isinstance(value, bool):
+            raise SettingError(f"{key}=0 turns validation off, but val/loss, val/bpc and best.ckpt need it; "
+                               "use at least 1 (batches), a fraction such as 0.1, or null for all")
+        if not isinstance(value, float) or not math.isfinite(value) or not 0 < value <= 1:
+            raise SettingError(f"{key} must be a whole number of batches (at least 1), a fraction in (0, 1], or null, got {shown(value)}")
+
+
+@dataclass(frozen=True)
+class TimeSpan:
+    """trainer.max_time: "dd:hh:mm:ss", or days/hours/minutes/seconds."""
+
+    optional: bool = True
+
+    def check(self, key: str, value: Any) -> None:
+        if value is None:
+            return
+        if time_budget_seconds(value, key) <= 0:
+            raise SettingError(f"{key} must be a time above zero, got {shown(value)}")
+
+
+@dataclass(frozen=True)
+class Devices:
+    def check(self, key: str, value: Any) -> None:
+        if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and (value >= 1 or value == -1)):
+            return
+        if isinstance(value, str) and value.replace(",", "").replace(" ", "").isdigit():
+            return
+        if isinstance(value, list) and value and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value):
+            return
+        raise SettingError(f"{key} must be a number of devices (1, 2, ..., or -1 for all), auto, or a list of device indices, got {shown(value)}")
+
+
+def time_budget_seconds(max_time: Any, key: str = "trainer.max_time") -> float:
+    """trainer.max_time ("dd:hh:mm:ss", or a dict of days/hours/minutes/seconds) in seconds."""
+    hint = f"{key} must be dd:hh:mm:ss (e.g. 00:00:01:15 for 75 seconds)"
+    if isinstance(max_time, dict):
+        if not set(max_time) <= {"days", "hours", "minutes", "seconds"} or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0 for v in max_time.values()
+        ):
+            raise SettingError(f"{hint} or days/hours/minutes/seconds, got {max_time}")
+        return timedelta(**max_time).total_seconds()
+    parts = str(max_time).split(":")
+    if isinstance(max_time, bool) or len(parts) != 4 or not all(p.strip().isdigit() for p in parts):
+        raise SettingError(f"{hint}, got {shown(max_time)}")
+    days, hours, minutes, seconds = (int(p) for p in parts)
+    return timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds).total_seconds()
+
+
+STEPS = Number(whole=True, min=1)
+SEED = Number(whole=True, min=0, below=2**32)
+
+SPEC: dict[str, Any] = {
+    "seed": SEED,
+    "resume": Text(optional=True),
+    "runs_root": Text(),
+    "latest_link": Text(optional=True),
+    "init_from": Text(optional=True),
+    "tokens_per_step": Number(whole=True, min=1, optional=True),
+    "compile": Flag(),
+    "checkpoint.every_n_steps": STEPS,
+    "checkpoint.keep": STEPS,
+    "samples.enabled": Flag(),
+    "samples.prompts": ListOf(Text(), optional=True),
+    "samples.max_new_tokens": STEPS,
+    "samples.temperature": Number(min=0),
+    "samples.top_k": Number(whole=True, min=1, optional=True),
+    "samples.seed": SEED,
+    "optim.lr": Number(above=0),
+    "optim.weight_decay": Number(min=0),
+    "optim.betas": ListOf(Number(min=0, below=1), length=2),
+    "optim.warmup_steps": Number(whole=True, min=0),
+    "optim.schedule": Choice(("cosine", "linear", "constant")),
+    "optim.min_lr_ratio": Number(min=0, max=1),
+    "optim.max_nonfinite_in_a_row": STEPS,
+    "tokenizer.kind": Choice(("bpe", "char", "pretrained")),
+    "tokenizer.vocab_size": STEPS,
+    "tokenizer.max_train_chars": STEPS,
+    "tokenizer.path": Text(),
+    "data.source": Choice(("shakespeare", "text", "hub", "pydoc")),
+    "data.path": Text(optional=True),
+    "data.url": Text(optional=True),
+    "data.local_copies": ListOf(Text()),
+    "data.cache_dir": Text(),
+    "data.val_fraction": Number(min=0, below=1),
+    "data.num_proc": Number(whole=True, min=1, optional=True),
+    "data.shard_chars": Number(whole=True, min=1, optional=True),
+    "data.batch_size": STEPS,
+    "data.num_workers": Number(whole=True, min=0),
+    "data.sample_prompts": ListOf(Text(), optional=True),
+    "data.format": Choice(("auto", "txt", "json", "csv", "parquet")),
+    "data.one_document_per": Choice(("file", "line")),
+    "data.text_column": Text(),
+    "data.errors": Choice(("strict", "replace", "ignore")),
+    "data.val_path": Text(optional=True),
+    "data.name": Text(),
+    "data.config": Text(optional=True),
+    "data.split": Text(),
+    "data.val_split": Text(optional=True),
+    "data.revision": Text(optional=True),
+    "data.streaming": Flag(),
+    "logger.wandb.project": Text(),
+    "logger.wandb.name": Text(optional=True),
+    "logger.wandb.group": Text(optional=True),
+    "logger.wandb.tags": ListOf(Text()),
+    "logger.wandb.mode": Choice(("auto", "online", "offline", "disabled")),
+    "logger.csv": dict,
+    "logger.tensorboard": dict,
+    "trainer.max_steps": Number(whole=True, min=1, also=(-1,), also_means="with trainer.max_time"),
+    "trainer.max_time": TimeSpan(),
+    "trainer.max_epochs": Number(whole=True, min=-1, optional=True),
+    "trainer.val_check_interval": ValidationEvery(),
+    "trainer.check_val_every_n_epoch": Number(whole=True, min=1, optional=True),
+    "trainer.limit_val_batches": ValidationBatches(),
+    "trainer.log_every_n_steps": STEPS,
+    "trainer.gradient_clip_val": Number(min=0, optional=True),
+    "trainer.accumulate_grad_batches": STEPS,
+    "trainer.enable_progress_bar": Flag(),
+    "trainer.enable_model_summary": Flag(),
+    "trainer.num_sanity_val_steps": Number(whole=True, min=-1),
+    "trainer.accelerator": Text(),
+    "trainer.strategy": Text(),
+    "trainer.devices": Devices(),
+    "trainer.num_nodes": STEPS,
+    "trainer.precision": Text(optional=True),
+}
+
+# What a value of "???" needs, for the settings that have no default.
+REQUIRED_HINTS = {
+    "data.path": "data=text needs data.path: a file, a folder or a glob of .txt, .jsonl, .csv or .parquet files",
+    "data.name": "data=hub needs data.name: a Hugging Face Hub dataset (e.g. roneneldan/TinyStories) or a local dataset folder",
+    "tokenizer.path": "tokenizer=pretrained needs tokenizer.path: a tokenizer.json, or a folder with one (or GPT-2's vocab.json + merges.txt)",
+}
+
+# Trainer arguments tinygpt2 sets itself, and what to use instead.
+OWN_TRAINER_ARGUMENTS = {
+    "logger": "choose trackers with logger=wandb|tensorboard|csv|none",
+    "callbacks": "tinygpt2 sets the callbacks",
+    "plugins": "tinygpt2 sets the checkpoint plugin",
+    "enable_checkpointing": "checkpoints are always written; checkpoint.every_n_steps sets how often",
+    "default_root_dir": "the run folder is hydra.run.dir",
+    "use_distributed_sampler": "the data module shards batches across processes itself",
+    "limit_train_batches": "it would end training before trainer.max_steps with the schedule unfinished; lower trainer.max_steps",
+    "overfit_batches": "it would train on a few batches while the schedule and data order assume the whole run",
+}
+
+
+# ---- the check ---------------------------------------------------------------------------------------
+
+
+def check_values(values: dict[str, Any]) -> dict[str, Any]:
+    """Check every setting of a composed config (a plain dict, interpolations resolved); returns a copy
+    with whole numbers given as 1e3 or 5.0 made ints."""
+    values = copy.deepcopy(values)
+    for key, value in list(leaves(values)):
+        if value == MISSING:
+            raise SettingError(REQUIRED_HINTS.get(key, f"{key} must be given: it has no default; add {key}=..."))
+        spec = SPEC.get(key)
+        if spec is dict:
+            if not isinstance(value, dict) or value:
+                raise SettingError(f"{key} takes no settings, got {shown(value)}")
+        elif spec is not None:
+            spec.check(key, value)
+            if isinstance(spec, Number) and spec.whole and isinstance(value, float):
+                put(values, key, int(value))
+        elif key.startswith("trainer."):
+            check_trainer_argument(key.split(".", 1)[1], value)
+        elif not key.startswith("model."):
+            raise SettingError(f"unknown setting '{key}'; check the spelling (python train.py --cfg job lists every setting)")
+    for name in values.get("logger") or {}:
+        if name not in ("wandb", "tensorboard", "csv"):
+            raise SettingError(f"unknown logger '{name}'; use logger=wandb, tensorboard, csv or none (or a list of them)")
+    check_model(values.get("model") or {})
+    check_together(values)
+    return values
+
+
+def leaves(values: dict[str, Any], prefix: str = ""):
+    """(dotted key, value) for every setting; a key the spec names is one value, whatever it holds."""
+    for name, value in values.items():
+        key = f"{prefix}{name}"
+        if key == "hydra":
+            continue
+        if key in SPEC or not isinstance(value, dict):
+            yield key, value
+        else:  # a group of settings (an empty one, e.g. logger=none, holds nothing to check)
+            yield from leaves(value, key + ".")
+
+
+def put(values: dict[str, Any], key: str, value: Any) -> None:
+    *path, last = key.split(".")
+    for name in path:
+        values = values[name]
+    values[last] = value
+
+
+def check_model(model: dict[str, Any]) -> None:
+    """The model's shape, checked by GPTConfig itself; vocab_size may still be left to the tokenizer."""
+    if model.get("vocab_size") is None:
+        model = {**model, "vocab_size": 50257}
+    GPTConfig.from_dict(model)
+
+
+def check_together(values: dict[str, Any]) -> None:
+    """Settings that are each fine but cannot work, or would silently train wrongly, together."""
+    trainer, optim = values.get("trainer") or {}, values.get("optim") or {}
+    max_steps = trainer.get("max_steps")
+    if max_steps == -1 and not trainer.get("max_time"):
+        raise SettingError("trainer.max_steps=-1 needs a time limit: set trainer.max_time=00:00:05:00 (dd:hh:mm:ss)")
+    warmup = optim.get("warmup_steps") or 0
+    if max_steps and max_steps > 0 and warmup >= max_steps:
+        raise SettingError(
+            f"optim.warmup_steps={warmup} is not below trainer.max_steps={max_steps}: the learning rate would never "
+            f"reach optim.lr; use fewer warmup steps (e.g. optim.warmup_steps={max(0, max_steps // 10)})"
+        )
+    if values.get("tokens_per_step") is not None and (trainer.get("accumulate_grad_batches") or 1) != 1:
+        raise SettingError("set either tokens_per_step or trainer.accumulate_grad_batches, not both")
+    if (values.get("tokenizer") or {}).get("kind") == "pretrained" and not (values.get("tokenizer") or {}).get("path"):
+        raise SettingError(REQUIRED_HINTS["tokenizer.path"])
+
+
+# ---- any other Lightning Trainer argument --------------------------------------------------------------
+
+
+def trainer_parameters() -> dict[str, Any]:
+    """Lightning Trainer's arguments and their annotations."""
+    import lightning as L
+
+    hints = typing.get_type_hints(L.Trainer.__init__)
+    return {name: hints.get(name, Any) for name in inspect.signature(L.Trainer.__init__).parameters if name != "self"}
+
+
+def check_trainer_argument(name: str, value: Any) -> None:
+    parameters = trainer_parameters()
+    if name not in parameters:
+        raise SettingError(unknown_trainer_setting(name, parameters))
+    if name in OWN_TRAINER_ARGUMENTS:
+        raise SettingError(f"trainer.{name} cannot be set: {OWN_TRAINER_ARGUMENTS[name]}")
+    if not fits(value, parameters[name]):
+        raise SettingError(f"trainer.{name} must be {describe(parameters[name])}, got {shown(value)}")
+
+
+def unknown_trainer_setting(name: str, parameters) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(name, list(parameters), n=1)
+    hint = f"did you mean trainer.{close[0]}? " if close else ""
+    return f"unknown setting 'trainer.{name}'; {hint}check the spelling (python train.py --cfg job lists every setting)"
+
+
+def fits(value: Any, annotation: Any) -> bool:
+    """Whether a value from the command line or YAML is of an annotated type (classes other than the
+    plain ones cannot come from there, so they do not fit)."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if annotation is Any:
+        return True
+    if origin is typing.Union or isinstance(annotation, types.UnionType):
+        return any(fits(value, a) for a in args)
+    if origin is typing.Literal:
+        return value in args and not (isinstance(value, bool) and not any(isinstance(a, bool) for a in args))
+    if annotation is type(None):
+        return value is None
+    if annotation is bool:
+        return isinstance(value, bool)
+    if annotation is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if annotation is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if annotation is str:
+        return isinstance(value, str)
+    if origin in (list, tuple) or annotation in (list, tuple):
+        return isinstance(value, list)
+    if origin is dict or annotation is dict:
+        return isinstance(value, dict)
+    if annotation is timedelta:
+        return False
+    return False
+
+
+def describe(annotation: Any) -> str:
+    """The values an annotation admits, in words: "true, false, 'warn' or null"."""
+    words = list(dict.fromkeys(alternatives(annotation)))
+    return ", ".join(words[:-1]) + " or " + words[-1] if len(words) > 1 else (words or ["a value"])[0]
+
+
+def alternatives(annotation: Any) -> list[str]:
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Union or isinstance(annotation, types.UnionType):
+        return [word for a in args for word in alternatives(a)]
+    if origin is typing.Literal:
+        return [shown(a) for a in args]
+    if origin in (list, tuple) or annotation in (list, tuple):
+        return ["a list"]
+    if origin is dict or annotation is dict:
+        return ["a mapping"]
+    names = {bool: ["true", "false"], int: ["a whole number"], float: ["a number"], str: ["text"], type(None): ["null"]}
+    return names.get(annotation, [])
+
+
+def probe_trainer(trainer_args: dict[str, Any], strategy: Any, precision: str) -> int:
+    """Build a Lightning Trainer from the arguments, as the run will, to let Lightning check them
+    (it makes no folder and starts no process); returns the world size it would train on."""
+    import lightning as L
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
+
+    quiet = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    level = quiet.level
+    quiet.setLevel(logging.WARNING)
+    try:
+        trainer = L.Trainer(**{**trainer_args, "enable_progress_bar": False, "enable_model_summary": False}, strategy=strategy,
+                            precision=precision, logger=False, enable_checkpointing=False, callbacks=[])
+    except (MisconfigurationException, ValueError, TypeError) as err:  # Lightning's own checks of trainer.*
+        raise SettingError(f"trainer settings: {str(err).strip().splitlines()[0]}") from None
+    finally:
+        quiet.setLevel(level)
+    return trainer.world_size

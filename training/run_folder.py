@@ -1,0 +1,361 @@
+"""A run folder: every file of a run by name, the lock that keeps one process per run, the choice of a
+new folder, and finding the runs that can be continued. No other module spells these names.
+
+    <run>/config.yaml            the settings the run started with (never rewritten)
+         tokenizer.json          its tokenizer
+         checkpoints/step-NNNNNN.ckpt, last.ckpt (a link to the newest step file), best.ckpt
+         result.json             the final metrics, written when the run ends or stops
+         metrics.csv, loss.png, samples.md, tensorboard/, wandb/, .wandb_id
+         .hydra/, train.log      Hydra's record of the command line, and the log
+         .lock                   held by the process training the run
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import socket
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from model.checkpoint import BEST_NAME, CHECKPOINTS_DIR, LAST_NAME, CheckpointError, checkpoint_step
+
+
+class RunFolderError(ValueError):
+    """A run folder that cannot be used as asked; the message says why and what to do."""
+
+
+# Files and folders a run or Hydra makes: a folder holding only these is ours.
+HYDRA_FILES = (".hydra", "train.log")
+
+
+@dataclass
+class RunFolder:
+    path: Path
+
+    def __post_init__(self) -> None:
+        self.path = Path(self.path).expanduser()
+
+    # ---- names -------------------------------------------------------------------------------------
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / CHECKPOINTS_DIR
+
+    def step_checkpoint(self, step: int) -> Path:
+        return self.checkpoints / f"step-{step:06d}.ckpt"
+
+    @property
+    def last(self) -> Path:
+        return self.checkpoints / LAST_NAME
+
+    @property
+    def best(self) -> Path:
+        return self.checkpoints / BEST_NAME
+
+    def step_checkpoints(self) -> list[Path]:
+        """The periodic checkpoints, oldest first."""
+        return sorted(self.checkpoints.glob("step-*.ckpt"))
+
+    settings_file = property(lambda self: self.path / "config.yaml")
+    tokenizer_file = property(lambda self: self.path / "tokenizer.json")
+    result_file = property(lambda self: self.path / "result.json")
+    metrics_file = property(lambda self: self.path / "metrics.csv")
+    loss_curve = property(lambda self: self.path / "loss.png")
+    samples_file = property(lambda self: self.path / "samples.md")
+    tensorboard = property(lambda self: self.path / "tensorboard")
+    wandb_id_file = property(lambda self: self.path / ".wandb_id")
+    hydra_record = property(lambda self: self.path / ".hydra")
+    lock_file = property(lambda self: self.path / ".lock")
+
+    STARTING_FILES = (".lock", *HYDRA_FILES)  # what a starting run holds before it checks its folder
+
+    # ---- what the folder holds ---------------------------------------------------------------------
+
+    def holds_run(self) -> bool:
+        """Whether a run has started here: a checkpoint, or the settings and tokenizer a run saves first."""
+        return self.has_checkpoint() or (self.settings_file.is_file() and self.tokenizer_file.is_file())
+
+    def has_checkpoint(self) -> bool:
+        return any(self.checkpoints.glob("*.ckpt"))
+
+    def other_files(self) -> list[str]:
+        """Names in the folder beyond what a run holds as it starts."""
+        if not self.path.is_dir():
+            return []
+        return sorted(p.name for p in self.path.iterdir() if p.name not in self.STARTING_FILES)
+
+    def check_new(self, chosen_by: str = "hydra.run.dir") -> None:
+        """Refuse a folder a new run must not write into: one that holds a run, or anybody's files.
+        `chosen_by`: the setting that named the folder, for the message."""
+        if self.path.exists() and not self.path.is_dir():
+            raise RunFolderError(f"{chosen_by}={self.path}: that is a file, not a folder; choose a folder for the run")
+        owner = self.held_by()
+        if owner:
+            raise RunFolderError(f"{self.path} is a run being trained by {owner}; pick a new {chosen_by}")
+        if self.holds_run() and self.has_checkpoint():
+            raise RunFolderError(
+                f"{self.path} already holds a run; pick a new {chosen_by} (runs are never overwritten), "
+                f"or continue it with resume={self.path}"
+            )
+        if self.holds_run():
+            raise RunFolderError(
+                f"{self.path} holds a run that stopped before its first checkpoint, so it cannot be continued; "
+                f"delete the folder to start it again there, or pick a new {chosen_by}"
+            )
+        other = self.other_files()
+        if other:
+            listed = ", ".join(other[:3]) + (", ..." if len(other) > 3 else "")
+            raise RunFolderError(
+                f"{chosen_by}={self.path} holds files that are not a run's ({listed}); a run writes config.yaml, "
+                "metrics.csv, checkpoints/ and more there, so choose a new or empty folder"
+            )
+
+    def is_finished(self) -> bool:
+        return bool(self.read_result().get("finished"))
+
+    def read_result(self) -> dict[str, Any]:
+        try:
+            return json.loads(self.result_file.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def write_result(self, result: dict[str, Any]) -> None:
+        write_atomically(self.result_file, json.dumps(result, indent=2))
+
+    # ---- checkpoints to continue from --------------------------------------------------------------
+
+    def checkpoint_to_resume(self) -> Path | None:
+        """The newest checkpoint holding the whole training state: the newest step file, or best.ckpt
+        when it was written later (a run killed after a validation but before its next step file)."""
+        steps = self.step_checkpoints()
+        newest = steps[-1] if steps else None
+        if self.best.is_file() and (newest is None or step_of(self.best) > step_of(newest)):
+            return self.best
+        return newest
+
+    def checkpoint_named(self, resume: str | os.PathLike) -> Path:
+        """The checkpoint resume= names in this run: the file given, else the one to resume from."""
+        named = Path(resume).expanduser()
+        if folder_of(named).path.resolve() != self.path.resolve():
+            raise RunFolderError(f"resume={resume} is not a run in {self.path}; continue a run in its own folder")
+        checkpoint = named if named.is_file() else self.checkpoint_to_resume()
+        if checkpoint is None:
+            raise CheckpointError(f"{self.path} has no checkpoint to resume from (checkpoints/step-*.ckpt or best.ckpt); "
+                                  "it stopped before its first checkpoint, so start it again as a new run")
+        return checkpoint.resolve()
+
+    # ---- the lock ----------------------------------------------------------------------------------
+
+    def lock(self) -> None:
+        """Hold the run's lock for the rest of this process (taken again in the same process, it is
+        the same lock). Another process holding it: RunFolderError naming that process."""
+        key = str(self.path.resolve())
+        if key in _HELD:
+            return
+        self.path.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.lock_file, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            import fcntl
+
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except ImportError:  # no flock (Windows): the lock is advisory only
+            pass
+        except OSError as err:
+            owner = os.read(fd, 4096).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            if err.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                raise RunFolderError(
+                    f"run {self.path} is being trained by {owner}; wait for it to end (or stop it), then continue "
+                    f"with resume={self.path}"
+                ) from None
+            raise
+        os.ftruncate(fd, 0)
+        os.write(fd, f"process {os.getpid()} on {socket.gethostname()}, since {datetime.now():%Y-%m-%d %H:%M:%S}".encode())
+        _HELD[key] = fd
+
+    def held_by(self) -> str | None:
+        """The process holding another process's lock on this run, or None (this process's own: None)."""
+        if str(self.path.resolve()) in _HELD or not self.lock_file.is_file():
+            return None
+        fd = os.open(self.lock_file, os.O_RDONLY)
+        try:
+            import fcntl
+
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return None
+        except ImportError:
+            return None
+        except OSError:
+            return os.read(fd, 4096).decode(errors="replace").strip() or "another process"
+        finally:
+            os.close(fd)
+
+    def unlock(self) -> None:
+        fd = _HELD.pop(str(self.path.resolve()), None)
+        if fd is not None:
+            os.close(fd)
+
+    # ---- the newest run ----------------------------------------------------------------------------
+
+    def point_latest(self, link: Path) -> None:
+        """Make `link` (e.g. outputs/latest) a symlink to this run, replacing the old one atomically."""
+        link = Path(link)
+        link.parent.mkdir(parents=True, exist_ok=True)
+        tmp = link.with_name(f".{link.name}.{os.getpid()}")
+        tmp.unlink(missing_ok=True)
+        tmp.symlink_to(self.path.resolve(), target_is_directory=True)
+        os.replace(tmp, link)
+
+
+_HELD: dict[str, int] = {}  # run folder -> the descriptor holding its lock in this process
+_CLAIMS: dict[str, Claim] = {}  # run folder -> what this process made there
+
+
+def claim(folder: RunFolder, new: bool) -> Claim:
+    """Take a run folder for this process: lock it, and for a new run make it (or note what an existing,
+    empty one held), so that a refused start can take back what it made. Claimed again in the same
+    process (train.py claims before Hydra starts, then trains), it is the same claim."""
+    key = str(folder.path.absolute())
+    if key not in _CLAIMS:
+        made = Claim.make(folder) if new else Claim.existing(folder)
+        try:
+            folder.lock()
+        except RunFolderError:
+            if made.made:
+                made.take_back()
+            raise
+        _CLAIMS[key] = made
+    else:
+        folder.lock()
+    return _CLAIMS[key]
+
+
+def adopt(made: Claim) -> Claim:
+    """Register a claim made elsewhere (a new folder from claim_new_folder) as this process's, locked."""
+    made.folder.lock()
+    _CLAIMS[str(made.folder.path.absolute())] = made
+    return made
+
+
+def step_of(checkpoint: Path) -> int:
+    try:
+        return checkpoint_step(checkpoint)
+    except CheckpointError:
+        return -1  # a damaged file is never the newest; reading it later says what is wrong
+
+
+def write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+# ---- where a run goes --------------------------------------------------------------------------------
+
+
+def folder_of(path: str | os.PathLike) -> RunFolder:
+    """The run a resume= path names: the folder itself, or the run holding a checkpoint."""
+    path = Path(path).expanduser()
+    if path.is_dir():
+        return RunFolder(path)
+    if path.is_file() and path.parent.name == CHECKPOINTS_DIR:
+        return RunFolder(path.parent.parent)
+    if path.is_file():
+        raise RunFolderError(f"resume={path}: a checkpoint outside a run folder cannot be resumed; use init_from={path}")
+    raise RunFolderError(f"resume={path} does not exist; give a run folder, a checkpoint in one, or resume=auto")
+
+
+def launcher_run_name(environ=os.environ) -> str | None:
+    """The run folder's name that every process of one multi-process launch agrees on, or None.
+
+    Processes started by SLURM or torchrun each compose the config, so they need a name they all
+    derive alike; Lightning's own launcher hands its folder to the processes it starts.
+    """
+    if environ.get("SLURM_JOB_ID") and environ.get("SLURM_JOB_NAME") not in ("bash", "interactive"):
+        if environ.get("SLURM_ARRAY_JOB_ID"):
+            return f"slurm-{environ['SLURM_ARRAY_JOB_ID']}_{environ.get('SLURM_ARRAY_TASK_ID', '0')}"
+        return f"slurm-{environ['SLURM_JOB_ID']}"
+    run_id = environ.get("TORCHELASTIC_RUN_ID", "none")
+    if run_id != "none":
+        return f"torchrun-{run_id[:8]}"
+    return None
+
+
+def launcher_restarted(environ=os.environ) -> bool:
+    """Whether this launch is a scheduler's restart of an earlier one: a requeued SLURM job, or
+    workers torchrun started again."""
+    return int(environ.get("SLURM_RESTART_COUNT") or 0) > 0 or int(environ.get("TORCHELASTIC_RESTART_COUNT") or 0) > 0
+
+
+def claim_new_folder(root: str | os.PathLike) -> Claim:
+    """Make a new run folder under root, named by the time (YYYY-MM-DD/HH-MM-SS), with -2, -3, ...
+    appended when another run took that name first. Each name is taken by an atomic mkdir, so two runs
+    started at the same moment get two folders."""
+    base = Path(root).expanduser() / datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
+    made = [p for p in [base.parent, *base.parent.parents] if not p.exists()][::-1]
+    base.parent.mkdir(parents=True, exist_ok=True)
+    for n in range(1, 10_000):
+        candidate = base if n == 1 else base.with_name(f"{base.name}-{n}")
+        try:
+            candidate.mkdir()
+        except FileExistsError:
+            continue
+        return Claim(RunFolder(candidate), [*made, candidate])
+    raise RunFolderError(f"cannot find a free run folder name next to {base}")
+
+
+def resumable_runs(root: str | os.PathLike) -> list[RunFolder]:
+    """Unfinished runs under root that have a checkpoint, newest first."""
+    found = []
+    for settings in Path(root).expanduser().glob("**/config.yaml"):
+        folder = RunFolder(settings.parent)
+        if folder.path.name == ".hydra" or folder.is_finished() or folder.checkpoint_to_resume() is None:
+            continue
+        found.append((settings.stat().st_mtime, folder))
+    return [folder for _, folder in sorted(found, key=lambda item: item[0], reverse=True)]
+
+
+@dataclass
+class Claim:
+    """What one invocation made in a run folder, so that a refused start can take it back."""
+
+    folder: RunFolder
+    made: list[Path] = field(default_factory=list)  # folders this invocation made, the run folder last
+    before: set[str] = field(default_factory=set)  # what the folder held before, when it was not made
+
+    @classmethod
+    def make(cls, folder: RunFolder) -> Claim:
+        """Make the folder (and missing parents), remembering which were made here."""
+        if folder.path.exists():
+            if not folder.path.is_dir():
+                raise RunFolderError(f"{folder.path} is a file, not a folder; choose a folder for the run")
+            return cls.existing(folder)
+        made = [p for p in [folder.path, *folder.path.parents] if not p.exists()][::-1]
+        folder.path.mkdir(parents=True, exist_ok=True)
+        return cls(folder, made)
+
+    @classmethod
+    def existing(cls, folder: RunFolder) -> Claim:
+        return cls(folder, [], {p.name for p in folder.path.iterdir()} if folder.path.is_dir() else set())
+
+    def take_back(self) -> None:
+        """Remove what this invocation made: the folders it made (parents only while empty, as another
+        run may have started in them meanwhile), else the files it added to an existing folder."""
+        self.folder.unlock()
+        _CLAIMS.pop(str(self.folder.path.absolute()), None)
+        if self.made:
+            shutil.rmtree(self.folder.path, ignore_errors=True)
+            for parent in reversed(self.made[:-1]):
+                try:
+                    parent.rmdir()
+                except OSError:
+                    break
+            return
+        for entry in self.folder.path.iterdir() if self.folder.path.is_dir() else []:
+            if entry.name not in self.before:
+                shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink(missing_ok=True)

@@ -1,0 +1,356 @@
+"""A run's settings, resolved once: the composed config checked in full and made final (model shape
+settled with the tokenizer and init_from, global batch and accumulation computed, precision and
+strategy chosen) before anything is built. What `RunSettings.saved()` returns is what the run folder's
+config.yaml and every checkpoint hold; a resumed run starts from its checkpoint's copy.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import OmegaConf
+from tokenizers import Tokenizer
+
+from data.cache import TokenCache
+from data.datamodule import check_sizes, prepare_corpus
+from model import GPTConfig
+from model.checkpoint import CheckpointError, read_header
+
+from .checks import SPEC, SettingError, check_values, probe_trainer, shown, time_budget_seconds
+from .init_from import Start, model_keys_in, start_from
+
+log = logging.getLogger(__name__)
+
+# Settings that say where runs live and which to continue, not what a run is.
+LAUNCH_KEYS = ("resume", "runs_root", "latest_link")
+
+# Settings a resumed run may change (a key, or every key under a prefix ending in "."): how long it
+# runs, how it checkpoints, validates, samples and reports, and the hardware it runs on (the global
+# batch, tokens_per_step, stays, so the accumulation follows the devices).
+CHANGEABLE_ON_RESUME = (
+    "trainer.max_steps", "trainer.max_time",
+    "checkpoint.", "samples.",
+    "trainer.val_check_interval", "trainer.limit_val_batches", "trainer.log_every_n_steps",
+    "trainer.enable_progress_bar", "trainer.enable_model_summary", "trainer.profiler",
+    "trainer.accelerator", "trainer.devices", "trainer.num_nodes", "trainer.strategy", "trainer.precision", "compile",
+    "data.num_proc", "data.num_workers", "data.cache_dir", "data.shard_chars",
+)
+
+# Settings whose requested value means "work it out", and so matches whatever the run worked out.
+WORKED_OUT = {"model.vocab_size": None, "tokens_per_step": None, "trainer.precision": None, "trainer.accumulate_grad_batches": 1}
+
+# Settings that name local files: made absolute, so a run continues from any folder.
+PATH_KEYS = ("data.path", "data.val_path", "tokenizer.path", "init_from")
+
+PREPARED = "prepared_data"  # in saved settings: the token cache entry the run trains on
+
+
+@dataclass
+class RunSettings:
+    values: dict[str, Any]  # every setting, final
+    model: GPTConfig
+    tokens: TokenCache  # the prepared corpus: tokenizer and token ids
+    world_size: int
+    accumulation: int
+    resume_from: Path | None = None  # the checkpoint a continued run starts from
+
+    @property
+    def tokenizer_json(self) -> str:
+        return self.tokens.tokenizer_json
+
+    @property
+    def trainer(self) -> dict[str, Any]:
+        return self.values["trainer"]
+
+    @property
+    def max_steps(self) -> int:
+        return self.trainer["max_steps"]
+
+    @property
+    def max_time_seconds(self) -> float | None:
+        return time_budget_seconds(self.trainer["max_time"]) if self.trainer.get("max_time") else None
+
+    @property
+    def micro_batch_tokens(self) -> int:
+        return self.values["data"]["batch_size"] * self.model.block_size
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.values["tokens_per_step"]
+
+    def trainer_arguments(self) -> dict[str, Any]:
+        """lightning.Trainer's arguments, but the ones resolved here (strategy, precision, accumulation)."""
+        return {k: v for k, v in self.trainer.items() if k not in ("strategy", "precision", "accumulate_grad_batches")}
+
+    def saved(self) -> dict[str, Any]:
+        """What config.yaml and each checkpoint hold: the settings, and the token cache entry."""
+        return {**copy.deepcopy(self.values), PREPARED: {"cache_key": self.tokens.folder.name, "source": self.tokens.meta.get("source")}}
+
+
+# ---- resolving ---------------------------------------------------------------------------------------
+
+
+def choose_precision(requested: str | None) -> str:
+    """bf16 mixed precision on GPUs that support it, full 32-bit elsewhere; an explicit choice wins."""
+    if requested:
+        return str(requested)
+    if torch.cuda.is_available() and torch.cuda.is_bf16_supported():
+        return "bf16-mixed"
+    return "32-true"
+
+
+def choose_strategy(name: Any):
+    """`fsdp` shards every transformer block and saves one full checkpoint; other names go to Lightning."""
+    if name == "fsdp":
+        from lightning.pytorch.strategies import FSDPStrategy
+
+        from model.gpt import Block
+
+        return FSDPStrategy(auto_wrap_policy={Block}, state_dict_type="full")
+    return name
+
+
+def check(values: dict[str, Any]) -> tuple[dict[str, Any], int, int]:
+    """Every setting checked, paths made absolute, precision chosen and the global batch worked out for
+    the devices Lightning would use; nothing is made. Returns (values, world size, accumulation)."""
+    values = check_values(values)
+    for key in PATH_KEYS:
+        put(values, key, absolute(key, lookup(values, key)))
+    trainer = values["trainer"]
+    accelerator = str(trainer.get("accelerator", "auto"))
+    if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
+        raise SettingError(f"trainer.accelerator={accelerator}: this machine has no CUDA GPU; use trainer.accelerator=cpu or auto")
+    if accelerator == "mps" and not torch.backends.mps.is_available():
+        raise SettingError("trainer.accelerator=mps: MPS is not available here; use trainer.accelerator=cpu or auto")
+    trainer["precision"] = choose_precision(trainer.get("precision"))
+    args = {k: v for k, v in trainer.items() if k not in ("strategy", "precision", "accumulate_grad_batches")}
+    world_size = probe_trainer(args, choose_strategy(trainer.get("strategy", "auto")), trainer["precision"])
+    values["tokens_per_step"], accumulation = global_batch(values, world_size)
+    trainer["accumulate_grad_batches"] = accumulation
+    return values, world_size, accumulation
+
+
+def global_batch(values: dict[str, Any], world_size: int) -> tuple[int, int]:
+    """(tokens per optimizer step, micro-batches per step and device), from tokens_per_step (the global
+    batch, in tokens) or, left null, from trainer.accumulate_grad_batches; the global batch stays the
+    same when the number of devices changes."""
+    batch, block = values["data"]["batch_size"], values["model"]["block_size"]
+    micro = batch * block * world_size
+    tokens = values.get("tokens_per_step")
+    if tokens is None:
+        accumulation = values["trainer"].get("accumulate_grad_batches") or 1
+        return micro * accumulation, accumulation
+    if tokens < micro or tokens % micro:
+        raise SettingError(
+            f"tokens_per_step={tokens} is not a multiple of data.batch_size x model.block_size x devices = "
+            f"{batch} x {block} x {world_size} = {micro}; use e.g. {max(1, round(tokens / micro)) * micro}"
+        )
+    return tokens, tokens // micro
+
+
+def resolve(requested: dict[str, Any], named: Iterable[str] = ()) -> tuple[RunSettings, Start | None]:
+    """A new run's settings from the composed config; `named`: the settings the command line gave
+    (init_from keeps its checkpoint's shape unless one is named). Also returns what init_from starts from."""
+    values, world_size, accumulation = check(requested)
+    start = start_from(OmegaConf.create(values), model_keys_in(named, values["model"]))
+    if start:
+        values["model"] = start.config.to_dict()  # its shape is the run's shape
+    tokens = prepare(values, given=start.tokenizer if start else None)
+    values["model"] = final_model(values["model"], tokens.meta["vocab_size"]).to_dict()
+    check_sizes(tokens, values["model"]["block_size"])
+    return RunSettings(values, GPTConfig.from_dict(values["model"]), tokens, world_size, accumulation), start
+
+
+def resolve_resumed(checkpoint: Path, requested: dict[str, Any], named: Iterable[str], defaults: dict[str, Any]) -> RunSettings:
+    """A continued run's settings: its checkpoint's, with what the command line may change applied.
+    The data and tokenizer must be the run's own."""
+    header = read_header(checkpoint)
+    saved = dict(header["settings"])
+    prepared = saved.pop(PREPARED, None)
+    if not saved:
+        raise CheckpointError(f"{checkpoint} carries no run settings; it cannot be resumed, but init_from={checkpoint} starts a new run from its weights")
+    values = continue_values(saved, requested, named_leaves(named, requested, defaults), checkpoint.parent.parent)
+    check_continuation(values, header["step"])
+    values, world_size, accumulation = check(values)
+    run_tokenizer = Tokenizer.from_str(header["tokenizer"]) if header.get("tokenizer") else None
+    tokens = prepare(values, given=run_tokenizer if values.get("init_from") else None)
+    if prepared and tokens.folder.name != prepared["cache_key"]:
+        raise SettingError(
+            f"the data of the run being resumed has changed since it started ({prepared.get('source')} then, "
+            f"{tokens.meta.get('source')} now: other files, sizes or times); continue it only with the same data, "
+            f"or start a new run from its weights with init_from={checkpoint}"
+        )
+    if run_tokenizer is not None and tokens.tokenizer_json != run_tokenizer.to_str():
+        log.warning("the token cache holds another tokenizer than the run's; tokenizing again with the run's own")
+        tokens = prepare(values, given=run_tokenizer)
+    model = GPTConfig.from_dict(values["model"])
+    check_sizes(tokens, model.block_size)
+    return RunSettings(values, model, tokens, world_size, accumulation, resume_from=checkpoint)
+
+
+def prepare(values: dict[str, Any], given: Tokenizer | None) -> TokenCache:
+    return prepare_corpus(OmegaConf.create(values["data"]), OmegaConf.create(values["tokenizer"]), given)
+
+
+def final_model(model: dict[str, Any], tokenizer_vocab: int) -> GPTConfig:
+    """The model, with vocab_size taken from the tokenizer unless it is set."""
+    model = dict(model)
+    if model.get("vocab_size") is None:
+        model["vocab_size"] = tokenizer_vocab
+    elif model["vocab_size"] < tokenizer_vocab:
+        raise SettingError(
+            f"model.vocab_size={model['vocab_size']} is smaller than the tokenizer's {tokenizer_vocab} tokens; "
+            "leave model.vocab_size unset (null) to take the tokenizer's"
+        )
+    return GPTConfig.from_dict(model)
+
+
+# ---- continuing a run --------------------------------------------------------------------------------
+
+
+def continue_values(saved: dict[str, Any], requested: dict[str, Any], named: Iterable[str], source: Path) -> dict[str, Any]:
+    """The saved settings, with the named settings that may change on resume taken from the command
+    line. A named setting that contradicts the saved run is refused, naming both values."""
+    values = copy.deepcopy(saved)
+    for key in named:
+        if key.split(".")[0] in LAUNCH_KEYS:
+            continue
+        want, have = lookup(requested, key), lookup(saved, key)
+        if changeable(key):
+            put(values, key, want)
+        elif differs(key, want, have):
+            raise SettingError(contradiction(key, want, have, saved, requested, source))
+    for key in LAUNCH_KEYS:
+        values[key] = requested.get(key)
+    values["trainer"]["accumulate_grad_batches"] = 1  # follows from tokens_per_step and this launch's devices
+    return values
+
+
+def check_continuation(values: dict[str, Any], step: int) -> None:
+    """A continued run must have steps left to train."""
+    max_steps = values["trainer"]["max_steps"]
+    if 0 < max_steps <= step:
+        finished = "is finished" if max_steps == step else "is past that"
+        raise SettingError(
+            f"trainer.max_steps={max_steps}: the run {finished} (its checkpoint is at step {step}); give a larger "
+            "trainer.max_steps to train it further"
+        )
+
+
+def matches(requested: dict[str, Any], saved: dict[str, Any], named: Iterable[str]) -> bool:
+    """Whether a run's saved settings are those this command line asks for (for resume=auto): every
+    setting but those a resume may change; a run from init_from takes its unnamed model settings from there."""
+    named = set(named)
+    saved = {k: v for k, v in saved.items() if k != PREPARED}
+    for key in differing_leaves(requested, saved):
+        if key.split(".")[0] in LAUNCH_KEYS or changeable(key):
+            continue
+        if key.startswith("model.") and key not in named and saved.get("init_from") and requested.get("init_from"):
+            continue
+        if differs(key, lookup(requested, key), lookup(saved, key)):
+            return False
+    return True
+
+
+def named_leaves(overrides: Iterable[str], requested: dict[str, Any], defaults: dict[str, Any]) -> list[str]:
+    """The settings a command line gives: the keys it names (a group, such as model=baby, names each
+    of its settings), and every setting whose value differs from the defaults (what experiment=... sets)."""
+    keys = set(differing_leaves(requested, defaults))
+    for override in overrides:
+        key = override.split("=", 1)[0].lstrip("+~")
+        if key.startswith("hydra.") or key.split(".")[0] in ("experiment", "debug", "hparams_search"):
+            continue
+        keys |= {leaf for leaf in differing_leaves(lookup(requested, key), ABSENT, key)} or {key}
+        keys |= {leaf for leaf in differing_leaves(lookup(defaults, key), ABSENT, key)}
+    return sorted(keys)
+
+
+def changeable(key: str) -> bool:
+    return any(key == c or (c.endswith(".") and key.startswith(c)) for c in CHANGEABLE_ON_RESUME)
+
+
+def differs(key: str, want: Any, have: Any) -> bool:
+    if key in WORKED_OUT and want == WORKED_OUT[key] and not isinstance(want, bool):
+        return False
+    if key in PATH_KEYS:
+        want, have = absolute(key, want), absolute(key, have)
+    return want != have or (type(want) is bool) != (type(have) is bool)
+
+
+def contradiction(key: str, want: Any, have: Any, saved: dict[str, Any], requested: dict[str, Any], source: Path) -> str:
+    if key.startswith("logger."):  # a tracker added or dropped: the logger choice differs
+        given, have = f"logger={logger_choice(requested)}", logger_choice(saved)
+        key = "logger"
+    elif have is ABSENT:
+        return f"{key} is not a setting of the run being resumed ({source}); leave it out to continue the run as it was"
+    else:
+        given, have = f"~{key}" if want is ABSENT else f"{key}={shown(want)}", shown(have)
+    return (
+        f"{given} contradicts the run being resumed ({source}), whose {key} is {have}; leave it out to continue "
+        "the run as it was, or start a new run without resume= (README: Interrupted runs, and resuming)"
+    )
+
+
+def logger_choice(values: dict[str, Any]) -> str:
+    names = list(values.get("logger") or {})
+    return ("[" + ",".join(names) + "]" if len(names) > 1 else names[0]) if names else "none"
+
+
+# ---- nested settings ---------------------------------------------------------------------------------
+
+
+class _Absent:
+    def __repr__(self) -> str:
+        return "absent"
+
+
+ABSENT = _Absent()
+
+
+def lookup(values: Any, key: str) -> Any:
+    for name in key.split("."):
+        if not isinstance(values, dict) or name not in values:
+            return ABSENT
+        values = values[name]
+    return values
+
+
+def put(values: dict[str, Any], key: str, value: Any) -> None:
+    *path, last = key.split(".")
+    for name in path:
+        values = values.setdefault(name, {})
+    if value is ABSENT:
+        values.pop(last, None)
+    else:
+        values[last] = value
+
+
+def differing_leaves(a: Any, b: Any, prefix: str = "") -> list[str]:
+    """Dotted keys of the settings that differ between two nested configs (present in one only included)."""
+    if isinstance(a, dict) and isinstance(b, dict) and prefix not in SPEC:
+        found = []
+        for name in dict.fromkeys([*a, *b]):
+            key = f"{prefix}.{name}" if prefix else name
+            if key == "hydra":
+                continue
+            found += differing_leaves(a.get(name, ABSENT), b.get(name, ABSENT), key)
+        return found
+    if isinstance(a, dict) and b is ABSENT and prefix not in SPEC and a:
+        return differing_leaves(a, {}, prefix)
+    if isinstance(b, dict) and a is ABSENT and prefix not in SPEC and b:
+        return differing_leaves({}, b, prefix)
+    return [prefix] if a != b or (type(a) is bool) != (type(b) is bool) else []
+
+
+def absolute(key: str, value: Any) -> Any:
+    """A local path made absolute (~ expanded); other values (none, a Hub name) as they are."""
+    if not isinstance(value, str) or not value or value == "???" or "://" in value:
+        return value
+    return os.path.abspath(os.path.expanduser(value))
