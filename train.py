@@ -13,6 +13,7 @@ import itertools
 import logging
 import math
 import re
+import shutil
 import sys
 import tempfile
 from datetime import datetime
@@ -22,32 +23,30 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from lightning.fabric.utilities.rank_zero import rank_zero_only
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
-from model.checkpoint import CheckpointError, DamagedCheckpoint, read_header
+from model.checkpoint import CheckpointError, read_header
 from training.checks import trainer_parameters
 from training.checkpointing import CheckpointSaveError
 from training.run import USER_ERRORS, describe_metrics, train
 from training.run_folder import (
+    SWEEPS_ROOT,
     RunFolder,
     RunFolderError,
     adopt,
     claim,
     claim_new_folder,
     folder_of,
+    launcher_folder,
     launcher_restarted,
-    launcher_run_name,
     resumable_runs,
 )
-from training.settings import PREPARED, check, check_continuation, continue_values, matches, named_leaves
+from training.settings import check, continue_settings, matches, named_leaves
 from training.sweep import result_record, summarize
 
 log = logging.getLogger("train")
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
-HYDRA_OWN_FLAGS = ("--cfg", "-c", "--help", "-h", "--hydra-help", "--info", "-i", "--resolve", "--package", "-p",
-                   "--shell-completion", "-sc", "--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd",
-                   "--experimental-rerun", "--version")
 SEARCH_GROUPS = ("hparams_search",)  # config groups that make a command a search (-m needed)
 
 
@@ -92,13 +91,19 @@ class Composer:
     def __exit__(self, *exc) -> None:
         self.context.__exit__(*exc)
 
-    def compose(self, overrides: list[str]) -> dict:
+    def compose(self, overrides: list[str], with_hydra: bool = False) -> dict:
+        """The composed config; `with_hydra`: Hydra's own settings too (under "hydra", unresolved)."""
         from hydra import compose
         from hydra.errors import HydraException, MissingConfigException, OverrideParseException
 
         try:
-            cfg = compose("train", overrides=overrides)
-            return OmegaConf.to_container(cfg, resolve=True)
+            cfg = compose("train", overrides=overrides, return_hydra_config=with_hydra)
+            hydra_cfg = OmegaConf.to_container(cfg.hydra, resolve=False) if with_hydra else None
+            if with_hydra:
+                with open_dict(cfg):
+                    del cfg["hydra"]
+            values = OmegaConf.to_container(cfg, resolve=True)
+            return {**values, "hydra": hydra_cfg} if with_hydra else values
         except MissingConfigException as err:
             lines = str(err).splitlines()
             options = [line.strip() for line in lines if line.startswith("\t") and "provider=" not in line]
@@ -113,7 +118,7 @@ class Composer:
             raise CommandLineError(f"cannot read the command line ({str(err).splitlines()[0]}); write overrides as key=value") from None
         except HydraException as err:
             cause = err.__cause__
-            if cause is not None and "not in struct" in str(cause):
+            if (cause is not None and "not in struct" in str(cause)) or str(err).startswith("Could not override"):
                 raise CommandLineError(unknown_setting(str(err).split("'")[1], self.defaults)) from None
             raise CommandLineError(str(err).splitlines()[0]) from None
         except Exception as err:  # an interpolation or resolver that fails on the given values
@@ -160,8 +165,15 @@ def check_places(settings: dict[str, str]) -> None:
 # ---- choosing where a run goes --------------------------------------------------------------------------
 
 
+INFORMATION_FLAGS = ("--cfg", "-c", "--help", "-h", "--hydra-help", "--info", "-i", "--resolve", "--package", "-p",
+                     "--shell-completion", "-sc", "--version")  # Hydra shows something; nothing is trained
+CONFIG_FLAGS = ("--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd", "--experimental-rerun")
+
+
 class Launch:
-    """One command line, checked, with the folder it runs in: what train.py gives Hydra."""
+    """One command line, checked, with the folder it runs in: what train.py gives Hydra. Which folder
+    and which checkpoint follow from the command line, the environment and what is on disk, so every
+    process of a launch (torchrun, srun) finds the same; the first claims and locks the folder."""
 
     def __init__(self, args: list[str], claim_folders: bool = True):
         self.claim_folders = claim_folders
@@ -169,160 +181,139 @@ class Launch:
         self.flags = [a for a in self.args if a.startswith("-")]
         self.overrides = [a for a in self.args if not a.startswith("-")]
         self.user = [o for o in self.overrides if not o.lstrip("+~").startswith("hydra.")]
-        self.hydra = dict(o.lstrip("+").split("=", 1) for o in self.overrides if o.lstrip("+~").startswith("hydra.") and "=" in o)
+        self.hydra_overrides = [o for o in self.overrides if o.lstrip("+~").startswith("hydra.")]
+        self.hydra = {k: v.strip("'\"") for k, v in (o.lstrip("+").split("=", 1) for o in self.hydra_overrides if "=" in o)}
         self.multirun = any(f in ("-m", "--multirun") for f in self.flags)
+        self.first = rank_zero_only.rank == 0  # of the processes of a multi-process launch
 
     def hydra_args(self) -> list[str]:
         """Check the command line and choose its folder; the arguments to give Hydra."""
-        if any(flag.split("=")[0] in HYDRA_OWN_FLAGS for flag in self.flags):
-            return self.args  # --cfg job, --help, ...: Hydra's own, nothing is trained
+        flags = {flag.split("=")[0] for flag in self.flags}
+        if flags & set(INFORMATION_FLAGS):
+            return self.args
+        if flags & set(CONFIG_FLAGS):
+            raise CommandLineError("train.py composes configs/train.yaml: put your own config files in configs/ (e.g. "
+                                   "configs/experiment/mine.yaml) and choose them with experiment=mine")
         check_places({k: v for k, v in (o.split("=", 1) for o in self.overrides if "=" in o)})
         with Composer() as composer:
             if self.multirun:
-                return self.sweep(composer)
-            if any(o.split("=")[0].lstrip("+") in SEARCH_GROUPS for o in self.user):
+                return self.sweep(composer) if self.first else self.args
+            if any(o.lstrip("+").split("=")[0] in SEARCH_GROUPS for o in self.user):
                 raise CommandLineError("hparams_search is a search over many runs: add -m (python train.py -m hparams_search=optuna ...)")
-            requested = composer.compose(self.user)
+            requested = composer.compose(self.user + self.hydra_overrides, with_hydra=True)
+            requested.pop("hydra")
             named = named_leaves(self.user, requested, composer.defaults)
-            if rank_zero_only.rank != 0:
-                return self.args + self.folder_for_other_ranks(requested)
-            return self.single(requested, named)
+        folder, checkpoint, restarting = self.choose(requested, named)
+        if checkpoint is not None:
+            return self.resumed(folder, checkpoint, requested, named)
+        return self.new_run(folder, requested, restarting)
 
-    # ---- one run
+    def choose(self, requested: dict, named: list[str]) -> tuple[RunFolder | None, Path | None, bool]:
+        """(the run folder, or None for a new one named by the time; the checkpoint to continue from, or
+        None for a new run; whether a scheduler restarts a job that stopped before its first checkpoint)."""
+        resume, explicit = requested.get("resume"), self.hydra.get("hydra.run.dir")
+        given = RunFolder(explicit) if explicit else launcher_folder(requested["runs_root"])
+        if resume and resume != "auto":
+            folder = folder_of(resume)
+            if explicit and RunFolder(explicit).path != folder.path:
+                raise RunFolderError(f"hydra.run.dir={explicit} is not the run resume= continues ({folder.path}); leave hydra.run.dir out")
+            return folder, folder.checkpoint_named(resume), False
+        if resume == "auto" and given is None:
+            for folder in resumable_runs(requested["runs_root"]):
+                try:
+                    saved = read_header(folder.checkpoint_to_resume())["settings"]
+                except CheckpointError:
+                    continue
+                if saved and matches(requested, saved, named):
+                    return folder, folder.checkpoint_to_resume().resolve(), False
+            return None, None, False
+        restarted = given is not None and not explicit and launcher_restarted()
+        if given is not None and (resume == "auto" or restarted):  # a folder of its own: continue it, if it can be
+            checkpoint = given.checkpoint_to_resume()
+            if checkpoint is not None:
+                if restarted and self.first:
+                    print(f"this job was restarted by its scheduler: continuing {given.path}", file=sys.stderr)
+                return given, checkpoint.resolve(), False
+        return given, None, restarted
 
-    def single(self, requested: dict, named: list[str]) -> list[str]:
-        resume = requested.get("resume")
-        explicit = self.hydra.get("hydra.run.dir")
-        if resume == "auto":
-            found = self.auto_resume(requested, named, explicit)
-            if found is None:
-                return self.new_run(requested, without=["resume"])
-            return self.resumed(found, requested, named)
-        if resume:
-            return self.resumed(Path(resume), requested, named)
-        name = launcher_run_name()
-        if name and not explicit and launcher_restarted():  # a requeued job continues its own run
-            folder = RunFolder(Path(requested["runs_root"]) / name)
-            if folder.checkpoint_to_resume() is not None:
-                print(f"this job was restarted by its scheduler: continuing {folder.path}", file=sys.stderr)
-                return self.resumed(folder.path, requested, named)
-        return self.new_run(requested)
-
-    def new_run(self, requested: dict, without: list[str] = ()) -> list[str]:
+    def new_run(self, folder: RunFolder | None, requested: dict, restarting: bool) -> list[str]:
         check(requested)
-        init_from = requested.get("init_from")
-        if init_from and not Path(init_from).expanduser().exists():
-            raise CheckpointError(f"init_from={init_from} does not exist; pass a .ckpt file, a run folder or a Hugging Face folder")
-        args = [a for a in self.args if a.lstrip("+").split("=")[0] not in without]
-        explicit, name = self.hydra.get("hydra.run.dir"), launcher_run_name()
-        if explicit or name:
-            folder = RunFolder(Path(explicit) if explicit else Path(requested["runs_root"]) / name)
-            folder.check_new("hydra.run.dir" if explicit else f"run folder of this job ({name})")
-            if self.claim_folders:
+        args = [a for a in self.args if a.lstrip("+").split("=")[0] not in ("resume", "hydra.run.dir")]
+        if folder is not None:
+            chosen_by = "hydra.run.dir" if self.hydra.get("hydra.run.dir") else f"run folder of this job ({folder.path.name})"
+            if self.first:
+                folder.check_new(chosen_by, restarting=restarting)
+            if self.first and self.claim_folders:
                 claim(folder, new=True)
+        elif not self.first:
+            raise RunFolderError("processes started by a launcher need one run folder: pass hydra.run.dir=DIR (or torchrun --rdzv-id=NAME)")
         elif self.claim_folders:
             folder = adopt(claim_new_folder(requested["runs_root"])).folder
         else:
             return args
-        return [a for a in args if not a.startswith("hydra.run.dir=")] + [f"hydra.run.dir={folder.path}"]
+        return [*args, f"hydra.run.dir={folder.path}"]
 
-    def resumed(self, target: Path, requested: dict, named: list[str]) -> list[str]:
-        """Continue the run at target (a folder, or a checkpoint in one): its checkpoint's settings, with
-        what the command line may change; the folder locked; Hydra's record of this command kept apart."""
-        folder = folder_of(target)
-        explicit = self.hydra.get("hydra.run.dir")
-        if explicit and Path(explicit).expanduser().resolve() != folder.path.resolve():
-            raise RunFolderError(f"hydra.run.dir={explicit} is not the run resume= continues ({folder.path}); leave hydra.run.dir out")
-        checkpoint = folder.checkpoint_named(target)
-        header = read_resumable(checkpoint)
-        saved = {k: v for k, v in header["settings"].items() if k != PREPARED}
-        values = continue_values(saved, requested, named, folder.path)
-        check_continuation(values, header["step"])
-        check(values)
-        if self.claim_folders:
+    def resumed(self, folder: RunFolder, checkpoint: Path, requested: dict, named: list[str]) -> list[str]:
+        """Continue the run at folder from checkpoint: its settings, with what the command line may
+        change (checked now), the folder locked, Hydra's record of this command kept apart."""
+        continue_settings(checkpoint, requested, named)
+        if self.first and self.claim_folders:
             claim(folder, new=False)
-        stamp = datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
         kept = [a for a in self.args if a.lstrip("+").split("=")[0] not in ("resume", "hydra.run.dir", "hydra.output_subdir")]
-        return [*kept, f"resume={checkpoint}", f"hydra.run.dir={folder.path}", f"hydra.output_subdir=.hydra/resume-{stamp}"]
-
-    def auto_resume(self, requested: dict, named: list[str], explicit: str | None) -> Path | None:
-        """resume=auto: the run to continue, or None to start one. In a folder given or named by the
-        launcher (SLURM, torchrun), the run there; else the newest unfinished run under runs_root with
-        the settings this command asks for."""
-        name = launcher_run_name()
-        if explicit or name:
-            folder = RunFolder(Path(explicit) if explicit else Path(requested["runs_root"]) / name)
-            return folder.path if folder.checkpoint_to_resume() is not None else None
-        for folder in resumable_runs(requested["runs_root"]):
-            checkpoint = folder.checkpoint_to_resume()
-            try:
-                saved = read_header(checkpoint)["settings"]
-            except CheckpointError:
-                continue
-            if saved and matches(requested, saved, named):
-                return folder.path
-        return None
-
-    def folder_for_other_ranks(self, requested: dict) -> list[str]:
-        """A process of a multi-process launch other than the first: the folder all of them derive."""
-        if "hydra.run.dir" in self.hydra:
-            return []
-        name = launcher_run_name()
-        if name is None:
-            raise RunFolderError("processes started by a launcher need one run folder: pass hydra.run.dir=DIR (or torchrun --rdzv-id=NAME)")
-        return [f"hydra.run.dir={Path(requested['runs_root']) / name}"]
+        record = RunFolder.resume_record(datetime.now().strftime("%Y-%m-%d_%H-%M-%S"))
+        return [*kept, f"resume={checkpoint}", f"hydra.run.dir={folder.path}", f"hydra.output_subdir={record}"]
 
     # ---- sweeps
 
     def sweep(self, composer: Composer) -> list[str]:
-        """-m: every combination of the swept values is checked (each value on its own, past 64
-        combinations), then the sweep gets one new folder, unless hydra.sweep.dir names one."""
+        """-m: every value of every swept setting is checked (of the command line, and the choices of a
+        search such as hparams_search=optuna), then the sweep gets one new folder, unless
+        hydra.sweep.dir names one."""
         if any(o.lstrip("+").split("=")[0] == "resume" for o in self.user):
             raise CommandLineError("resume= continues one run: run it without -m (python train.py resume=RUN)")
-        for combination in sweep_combinations(self.user):
+        parsed = parse_overrides(self.user)
+        fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
+        searched = composer.compose(fixed + self.hydra_overrides, with_hydra=True)["hydra"]
+        given = {o.key_or_group for o in parsed}
+        space = (searched.get("sweeper") or {}).get("params") or {}
+        search = [f"{key}={values}" for key, values in space.items() if key not in given]
+        for combination in sweep_combinations(self.user + search):
             check(composer.compose(combination))
-        given = self.hydra.get("hydra.sweep.dir")
-        if given:
-            folder = Path(given).expanduser()
+        if self.hydra.get("hydra.sweep.dir"):
+            folder = Path(self.hydra["hydra.sweep.dir"]).expanduser()
             if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
-                raise RunFolderError(f"hydra.sweep.dir={given} is not empty; a sweep writes numbered run folders and a summary there, so choose a new or empty folder")
+                raise RunFolderError(f"hydra.sweep.dir={folder} is not empty; a sweep writes numbered run folders and a "
+                                     "summary there, so choose a new or empty folder")
             return self.args
         if not self.claim_folders:
             return self.args
-        folder = claim_new_folder("multirun").folder
-        return [*self.args, f"hydra.sweep.dir={folder.path}"]
+        return [*self.args, f"hydra.sweep.dir={claim_new_folder(SWEEPS_ROOT).folder.path}"]
+
+
+def parse_overrides(overrides: list[str]):
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    return OverridesParser.create().parse_overrides(overrides)
 
 
 def sweep_combinations(overrides: list[str], limit: int = 64) -> list[list[str]]:
     """Override lists that together cover every value of each swept setting: all combinations when
     there are at most `limit`, else each value beside the others' first. Ranges that cannot be
-    listed (Optuna's interval) keep their defaults here and are checked in each trial."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
+    listed (Optuna's interval, a glob of choices) keep their defaults here and are checked in each job."""
     fixed, swept = [], []
-    for override in OverridesParser.create().parse_overrides(overrides):
+    for override in parse_overrides(overrides):
         if not override.is_sweep_override():
             fixed.append(override.input_line)
         elif override.is_discrete_sweep():
-            key = override.get_key_element()
-            swept.append([f"{key}={value}" for value in override.sweep_string_iterator()])
+            try:
+                values = list(override.sweep_string_iterator())
+            except Exception:  # glob(...) lists config files only inside Hydra's run
+                continue
+            swept.append([f"{override.get_key_element()}={value}" for value in values])
     if math.prod(len(values) for values in swept) <= limit:
         return [fixed + list(choice) for choice in itertools.product(*swept)]
     return [fixed + [values[0] for values in swept[:i]] + [value] + [values[0] for values in swept[i + 1 :]]
             for i, values in enumerate(swept) for value in values]
-
-
-def read_resumable(checkpoint: Path) -> dict:
-    try:
-        header = read_header(checkpoint)
-    except DamagedCheckpoint as err:
-        raise CheckpointError(
-            f"cannot resume from {checkpoint}: it is truncated or corrupted{f' ({err.detail})' if err.detail else ''}; "
-            "pass an earlier checkpoint of the run, e.g. resume=<run>/checkpoints/step-NNNNNN.ckpt"
-        ) from None
-    if not header["settings"]:
-        raise CheckpointError(f"{checkpoint} carries no run settings, so it cannot be resumed; init_from={checkpoint} starts a new run from its weights")
-    return header
 
 
 def check_command_line(args: list[str]) -> str | None:
@@ -349,8 +340,8 @@ def main(cfg: DictConfig) -> float | None:
     try:
         result = train(cfg, run_dir, named=named, overrides=overrides)
     except USER_ERRORS as err:
-        if requested.get("resume") and hydra_cfg.output_subdir:
-            remove_record(run_dir / hydra_cfg.output_subdir)  # a refused resume leaves its run as it was
+        if requested.get("resume") and str(hydra_cfg.output_subdir).startswith(RunFolder.resume_record("")):
+            shutil.rmtree(run_dir / hydra_cfg.output_subdir, ignore_errors=True)  # a refused resume leaves its run as it was
         if not multirun or isinstance(err, CheckpointSaveError):  # a full disk stops a sweep too
             sys.exit(f"error: {err}")
         log.error("error: %s", err)  # one job of a sweep: recorded, and the sweep goes on
@@ -371,12 +362,6 @@ def main(cfg: DictConfig) -> float | None:
     log.info("run folder: %s", result.run_dir)
     log.info('sample from it: python generate.py --ckpt %s --prompt "ROMEO:"', result.run_dir)
     return result.metrics.get("val/bpc")
-
-
-def remove_record(folder: Path) -> None:
-    import shutil
-
-    shutil.rmtree(folder, ignore_errors=True)
 
 
 if __name__ == "__main__":

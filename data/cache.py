@@ -50,6 +50,11 @@ def token_dtype(vocab_size: int) -> np.dtype:
 class TokenCache:
     folder: Path
     meta: dict[str, Any]
+    made_now: bool = False  # built by this process, rather than found
+
+    @property
+    def key(self) -> str:
+        return self.folder.name
 
     @property
     def tokenizer_json(self) -> str:
@@ -114,4 +119,13 @@ def build_cache(root: str | os.PathLike, key: str, build: Callable[[Path], dict[
         staging.rename(entry)
     finally:
         lock.release()
-    return open_cache(entry)
+    made = open_cache(entry)
+    made.made_now = True
+    return made
+
+
+def discard(cache: TokenCache) -> None:
+    """Remove an entry this process made for a run that was then refused (under the entry's lock)."""
+    tokens = cache.folder.parent
+    with FileLock(str(tokens / ".locks" / f"{cache.key}.lock")):
+        shutil.rmtree(cache.folder, ignore_errors=True)

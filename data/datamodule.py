@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from .cache import TokenCache, build_cache, find_cache, fingerprint
 from .errors import DataError
 from .prepare import prepare_tokens, tokenizer_identity
-from .sources import describe
+from .sources import Source, describe
 
 log = logging.getLogger(__name__)
 
@@ -76,8 +76,7 @@ class ContiguousWindows(Dataset):
 def prepare_corpus(data_cfg, tokenizer_cfg, given: Tokenizer | None = None, progress: Callable[[dict], None] | None = None) -> TokenCache:
     """The token cache entry of this data and tokenizer: found, or made now (tokenizer, then token ids).
     `given`: a ready tokenizer (e.g. a fine-tuned checkpoint's), used instead of one built from tokenizer_cfg."""
-    source = describe(data_cfg)
-    key = fingerprint(source.identity, tokenizer_identity(tokenizer_cfg, given))
+    source, key = corpus_key(data_cfg, tokenizer_cfg, given)
     cache = find_cache(data_cfg.cache_dir, key)
     if cache is not None:
         log.info("using cached tokens of %s from %s", source.label, cache.folder)
@@ -104,6 +103,12 @@ def prepare_corpus(data_cfg, tokenizer_cfg, given: Tokenizer | None = None, prog
         source.label, f"{meta['train_tokens']:,}", f"{meta['val_tokens']:,}", time.perf_counter() - started, cache.folder,
     )
     return cache
+
+
+def corpus_key(data_cfg, tokenizer_cfg, given: Tokenizer | None = None) -> tuple[Source, str]:
+    """The text's source and the key of its token cache entry, found without reading the text."""
+    source = describe(data_cfg)
+    return source, fingerprint(source.identity, tokenizer_identity(tokenizer_cfg, given))
 
 
 class ProgressReport:

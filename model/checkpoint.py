@@ -95,10 +95,11 @@ def resolve_checkpoint(path: str | Path) -> Path:
     raise CheckpointError(f"checkpoint {path} does not exist; pass a .ckpt file, a run folder or a Hugging Face folder")
 
 
-def safe_torch_load(path: Path, map_location="cpu") -> Any:
-    """torch.load that only rebuilds tensors and plain containers; anything else is refused."""
+def safe_torch_load(path: Path, map_location="cpu", mmap: bool = False) -> Any:
+    """torch.load that only rebuilds tensors and plain containers; anything else is refused. `mmap`:
+    tensors stay on disk until read (for reading a checkpoint's header)."""
     try:
-        return torch.load(path, map_location=map_location, weights_only=True)
+        return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as err:
         code = re.search(r"GLOBAL (\S+)", str(err))
         if code is None:  # not an object it refused: bytes that are no pickle at all
@@ -152,14 +153,7 @@ def describe_model(model_config: GPTConfig, tokenizer_json: str | None, run_sett
 def read_header(path: str | Path) -> dict[str, Any]:
     """A training checkpoint's step and run settings, read without loading its tensors into memory."""
     path = Path(path)
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except pickle.UnpicklingError as err:
-        if re.search(r"GLOBAL (\S+)", str(err)):
-            safe_torch_load(path)  # raises the refusal that names the pickled object
-        raise DamagedCheckpoint(path) from None
-    except Exception as err:
-        raise DamagedCheckpoint(path, first_line(err).split(". ")[0]) from None
+    ckpt = safe_torch_load(path, mmap=True)
     if not isinstance(ckpt, dict) or "global_step" not in ckpt:
         raise CheckpointError(f"{path} is not a tinygpt2 training checkpoint (it holds no training state)")
     meta = ckpt.get(META_KEY) if isinstance(ckpt.get(META_KEY), dict) else {}

@@ -117,7 +117,7 @@ BAD_SETTINGS = [
     (["trainer.gradient_clip_val=-1"], "trainer.gradient_clip_val must be at least 0, got -1"),
     (["trainer.devices=0"], "trainer.devices must be a number of devices"),
     (["trainer.devices=1.5"], "trainer.devices must be a number of devices"),
-    (["trainer.precision=bf17"], "trainer settings: Precision 'bf17' is invalid"),
+    (["trainer.precision=bf17"], "trainer.precision must be 64, 32, 16, 'transformer-engine', "),
     (["trainer.strategy=dpp"], "trainer settings: You selected an invalid strategy name"),
     (["trainer.profiler=fancy"], "trainer settings: When passing string value for the `profiler` parameter"),
     (["trainer.min_steps=few"], "trainer.min_steps must be a whole number or null, got 'few'"),
@@ -158,6 +158,9 @@ BAD_SETTINGS = [
     (["hparams_search=optuna"], "hparams_search is a search over many runs: add -m"),
     (["-m", "optim.lr=1e-3,0"], "optim.lr must be above 0, got 0"),  # every value of a sweep is checked first
     (["-m", "resume=auto"], "resume= continues one run: run it without -m"),
+    (["-m", "hparams_search=optuna", "model.n_head=3"], "model.n_embd (64) must be divisible by model.n_head (3)"),  # the search's choices too
+    (["--config-dir", "elsewhere"], "train.py composes configs/train.yaml: put your own config files in configs/"),
+    (["hydra.job.chdirr=true"], "unknown setting 'hydra.job.chdirr'"),
 ]
 
 
@@ -169,6 +172,7 @@ def test_bad_settings_of_every_kind_are_refused_in_one_line(args, message):
 def test_good_settings_of_the_same_kinds_are_accepted():
     for args in (["optim.betas=[0.8,0.9]", "optim.schedule=linear", "seed=1e3", "trainer.max_steps=2e3"],
                  ["trainer.deterministic=true", "trainer.profiler=simple", "trainer.max_time=00:00:00:30", "trainer.max_steps=-1"],
+                 ["trainer.precision=32", "trainer.gradient_clip_algorithm=value", "trainer.benchmark=false"],
                  ["trainer.val_check_interval=00:00:01:00", "trainer.limit_val_batches=0.5", "samples.prompts=[ROMEO:,'']",
                   "logger=[csv,tensorboard]"],
                  ["-m", "optim.lr=1e-3,2e-3", "model.n_layer=range(1,3)"]):

@@ -16,6 +16,7 @@ from training.init_from import model_keys_in, start_from
 from training.run import train
 
 from .common import ROOT, TINY, compose_config
+from .tiny import train_tiny_gpt, write_checkpoint
 
 # the tiny run settings, minus the model shape and tokenizer: those come from init_from
 RUN = [*(o for o in TINY if not o.startswith(("model.", "tokenizer."))), "samples.enabled=false"]
@@ -79,3 +80,18 @@ def test_train_py_refuses_a_contradicting_override_in_one_line(transformers_fold
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("error: model.n_head=2 contradicts init_from=") and "whose n_head is 4" in last
     assert not (tmp_path / "r" / "checkpoints").exists()
+
+
+def test_a_fine_tune_whose_context_differs_from_the_preset_resolves_its_batch_with_that_context(tiny_tokenizer, tiny_text, small_text, tmp_path):
+    """The global batch follows the model shape init_from gives, not the preset's, so the run can be
+    continued: 8 sequences of the checkpoint's 64 tokens, where the nano preset has 32."""
+    import yaml
+
+    import train as train_py
+
+    wide = write_checkpoint(tmp_path / "wide.ckpt", train_tiny_gpt(tiny_tokenizer, tiny_text, steps=1, block_size=64), tiny_tokenizer)
+    overrides = [*RUN, f"data.path={small_text}", f"init_from={wide}", "checkpoint.every_n_steps=2"]
+    train(compose_config(*overrides), tmp_path / "run", named=overrides)
+    saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert saved["model"]["block_size"] == 64 and saved["tokens_per_step"] == 8 * 64
+    assert train_py.check_command_line([f"resume={tmp_path / 'run'}", "trainer.max_steps=8"]) is None

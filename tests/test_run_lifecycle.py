@@ -293,7 +293,7 @@ def test_a_folder_of_the_users_own_files_is_refused_and_left_as_it_was(small_tex
     assert snapshot(mine) == before and (mine / "config.yaml").read_text() == "mine: true\n"
 
 
-def test_a_requeued_slurm_job_continues_its_run(small_text, reference, tmp_path):
+def test_a_requeued_slurm_job_continues_its_run(small_text, reference, tmp_path, monkeypatch):
     slurm = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NAME": "tinygpt2", "SLURM_NTASKS": "1", "SLURM_NTASKS_PER_NODE": "1",
              "SLURM_NODELIST": "localhost", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0"}
     first = start(run_args(small_text), tmp_path, "kill:7", env=slurm)
@@ -303,6 +303,16 @@ def test_a_requeued_slurm_job_continues_its_run(small_text, reference, tmp_path)
 
     again = run_script("train.py", *run_args(small_text), cwd=tmp_path, env={**os.environ, **slurm})  # not a requeue
     assert again.returncode == 1 and "already holds a run" in one_error_line(again.stderr)
+
+    from lightning.fabric.utilities.rank_zero import rank_zero_only
+
+    with monkeypatch.context() as patched:  # every task of the job decides alike: here the second one
+        for key, value in {**slurm, "SLURM_PROCID": "1", "SLURM_RESTART_COUNT": "1"}.items():
+            patched.setenv(key, value)
+        patched.setattr(rank_zero_only, "rank", 1)
+        patched.chdir(tmp_path)
+        args = train.Launch(run_args(small_text), claim_folders=False).hydra_args()
+    assert f"resume={run / 'checkpoints' / 'step-000006.ckpt'}" in args and f"hydra.run.dir={run}" in args
 
     requeued = run_script("train.py", *run_args(small_text), cwd=tmp_path, env={**os.environ, **slurm, "SLURM_RESTART_COUNT": "1"})
     assert requeued.returncode == 0, requeued.stderr[-2000:]

@@ -20,33 +20,26 @@ from .module import logging_step
 log = logging.getLogger(__name__)
 
 
-def tokens_per_step(trainer, micro_batch_tokens: int) -> int:
-    """Tokens in one optimizer step over all processes."""
-    return micro_batch_tokens * trainer.world_size * trainer.accumulate_grad_batches
-
-
 class Throughput(L.Callback):
     """Logs train/tokens_per_sec (all processes, over a sliding window of batches), train/mfu
     (model FLOPs utilisation against the device's peak) and train/tokens_seen."""
 
-    def __init__(self, micro_batch_tokens: int, window: int = 20):
-        self.micro_batch_tokens = micro_batch_tokens
-        self.tokens_per_step = micro_batch_tokens
+    def __init__(self, tokens_per_step: int, world_size: int, precision: str, window: int = 20):
+        self.tokens_per_step, self.world_size, self.precision = tokens_per_step, world_size, precision
         self.times: deque[float] = deque(maxlen=window + 1)
         self.tokens: deque[int] = deque(maxlen=window + 1)
         self.flops_per_token: float | None = None
         self.peak: float | None = None
 
     def on_fit_start(self, trainer, pl_module) -> None:
-        self.tokens_per_step = tokens_per_step(trainer, self.micro_batch_tokens)
         self.flops_per_token = flops_per_token(pl_module.model.config)
-        self.peak = device_peak_flops(pl_module.device, str(trainer.precision))
+        self.peak = device_peak_flops(pl_module.device, self.precision)
         if self.peak is None:
             log.info("peak FLOP/s of %s unknown: train/mfu is not logged", pl_module.device)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self.times.append(time.perf_counter())
-        self.tokens.append(batch[0].numel() * trainer.world_size)
+        self.tokens.append(batch[0].numel() * self.world_size)
         if not logging_step(trainer, step_done=True):
             return
         pl_module.log_train("train/tokens_seen", float(trainer.global_step * self.tokens_per_step))
@@ -55,7 +48,7 @@ class Throughput(L.Callback):
         rate = sum(list(self.tokens)[1:]) / (self.times[-1] - self.times[0])  # tokens after the first stamp
         pl_module.log_train("train/tokens_per_sec", rate)
         if self.peak:
-            per_device = rate / trainer.world_size
+            per_device = rate / self.world_size
             pl_module.log_train("train/mfu", per_device * self.flops_per_token / self.peak)
 
     def on_validation_start(self, trainer, pl_module) -> None:
@@ -116,17 +109,15 @@ class LossCurve(L.Callback):
     """Keeps train and val loss against tokens seen and draws `loss.png` in the run folder when the
     run ends. The history is part of the checkpoint, so a resumed run draws the whole curve."""
 
-    def __init__(self, path: Path, micro_batch_tokens: int):
+    def __init__(self, path: Path, tokens_per_step: int):
         self.path = Path(path)
-        self.micro_batch_tokens = micro_batch_tokens
-        self.tokens_per_step = micro_batch_tokens
+        self.tokens_per_step = tokens_per_step
         self.train: list[tuple[float, float]] = []
         self.val: list[tuple[float, float]] = []
         self.pending: list[float] = []  # micro-batch losses of the optimizer step under way
         self.last_step = 0
 
     def on_train_start(self, trainer, pl_module) -> None:
-        self.tokens_per_step = tokens_per_step(trainer, self.micro_batch_tokens)
         self.last_step = trainer.global_step  # above 0 when resuming
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
@@ -201,8 +192,9 @@ class ProgressBar(TQDMProgressBar):
     SHOWN = {"train/loss": "loss", "val/loss": "val_loss", "val/bpc": "val_bpc", "train/tokens_per_sec": "tok/s"}
     REDRAW_SECONDS = 0.2
 
-    def __init__(self) -> None:
+    def __init__(self, accumulation: int) -> None:
         super().__init__()
+        self.accumulation = accumulation
         self.drawn_at = float("-inf")
         self.batches_done: int | None = None  # the count the bar shows once it is next drawn
 
@@ -218,8 +210,8 @@ class ProgressBar(TQDMProgressBar):
     def on_train_epoch_start(self, trainer, *args) -> None:
         super().on_train_epoch_start(trainer, *args)
         if trainer.max_steps > 0:
-            self.train_progress_bar.reset(total=trainer.max_steps * trainer.accumulate_grad_batches)
-            self.train_progress_bar.n = trainer.global_step * trainer.accumulate_grad_batches
+            self.train_progress_bar.reset(total=trainer.max_steps * self.accumulation)
+            self.train_progress_bar.n = trainer.global_step * self.accumulation
         self.train_progress_bar.set_description("training")
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:

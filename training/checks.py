@@ -6,6 +6,7 @@ setting. The values themselves (the defaults) live in configs/; this says only w
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 import logging
 import math
@@ -251,7 +252,6 @@ SPEC: dict[str, Any] = {
     "trainer.strategy": Text(),
     "trainer.devices": Devices(),
     "trainer.num_nodes": STEPS,
-    "trainer.precision": Text(optional=True),
 }
 
 # What a value of "???" needs, for the settings that have no default.
@@ -316,11 +316,32 @@ def leaves(values: dict[str, Any], prefix: str = ""):
             yield from leaves(value, key + ".")
 
 
+class _Absent:
+    def __repr__(self) -> str:
+        return "absent"
+
+
+ABSENT = _Absent()  # a setting a config does not have
+
+
+def lookup(values: Any, key: str) -> Any:
+    """The value at a dotted key, or ABSENT."""
+    for name in key.split("."):
+        if not isinstance(values, dict) or name not in values:
+            return ABSENT
+        values = values[name]
+    return values
+
+
 def put(values: dict[str, Any], key: str, value: Any) -> None:
+    """Set the value at a dotted key (ABSENT removes it)."""
     *path, last = key.split(".")
     for name in path:
-        values = values[name]
-    values[last] = value
+        values = values.setdefault(name, {})
+    if value is ABSENT:
+        values.pop(last, None)
+    else:
+        values[last] = value
 
 
 def check_model(model: dict[str, Any]) -> None:
@@ -351,6 +372,7 @@ def check_together(values: dict[str, Any]) -> None:
 # ---- any other Lightning Trainer argument --------------------------------------------------------------
 
 
+@functools.cache
 def trainer_parameters() -> dict[str, Any]:
     """Lightning Trainer's arguments and their annotations."""
     import lightning as L
@@ -401,8 +423,6 @@ def fits(value: Any, annotation: Any) -> bool:
         return isinstance(value, list)
     if origin is dict or annotation is dict:
         return isinstance(value, dict)
-    if annotation is timedelta:
-        return False
     return False
 
 

@@ -59,7 +59,8 @@ def train(
     """Train as `python train.py` does, from a composed config, into run_dir (resume= in the config
     continues the run there). `named`: the settings the command line gives (dotted keys): init_from
     keeps its checkpoint's other model settings, and a resumed run refuses named ones that contradict
-    it. `overrides`: the command line, recorded in result.json. `extra_callbacks`: more Lightning
+    it; dotted keys such as model.n_layer (a group's key, such as model, names all its settings).
+    `overrides`: the command line, recorded in result.json. `extra_callbacks`: more Lightning
     callbacks, after the run's own (Lightning still moves checkpoint callbacks last)."""
     folder = RunFolder(run_dir)
     main_process = rank_zero_only.rank == 0
@@ -68,15 +69,15 @@ def train(
     checkpoint = resume_point(requested.get("resume"), folder)
     taken = claim(folder, new=checkpoint is None) if main_process else None
     try:
-        if checkpoint is None and main_process:
-            folder.check_new(f"the run folder {folder.path}")
-        settings, start = (resolve(requested, named) if checkpoint is None
-                           else (resolve_resumed(checkpoint, requested, named, requested), None))
-    except USER_ERRORS:
-        if taken is not None and checkpoint is None:
-            taken.take_back()  # a refused start leaves nothing behind
-        raise
-    try:
+        try:
+            if checkpoint is None and main_process:
+                folder.check_new("run_dir")
+            settings, start = (resolve(requested, named) if checkpoint is None
+                               else (resolve_resumed(checkpoint, requested, named), None))
+        except USER_ERRORS:
+            if taken is not None and checkpoint is None:
+                taken.take_back()  # a refused start leaves nothing behind
+            raise
         if main_process and checkpoint is None:
             save_settings(folder, settings)
         result = fit(settings, folder, start, extra_callbacks)
@@ -84,7 +85,8 @@ def train(
             record(folder, settings, result, list(overrides))
         return result
     finally:
-        folder.unlock()
+        if taken is not None:
+            taken.release()
 
 
 def resume_point(resume: str | None, folder: RunFolder) -> Path | None:
@@ -118,8 +120,7 @@ def fit(settings: RunSettings, folder: RunFolder, start: Start | None, extra_cal
     if torch.cuda.is_available():
         torch.set_float32_matmul_precision("high")
     module = build_module(settings, start)
-    resume_step = settings_step(settings)
-    loggers = build_loggers(settings.values.get("logger") or {}, folder, resume_step)
+    loggers = build_loggers(settings.values.get("logger") or {}, folder, settings.resume_step)
     for logger in loggers:
         logger.log_hyperparams(settings.saved())
     graceful, best = build_checkpointing(settings, folder)
@@ -135,8 +136,6 @@ def fit(settings: RunSettings, folder: RunFolder, start: Start | None, extra_cal
         enable_checkpointing=True,
         default_root_dir=str(folder.path),
     )
-    if trainer.world_size != settings.world_size:
-        raise SettingError(f"Lightning runs on {trainer.world_size} processes, not the {settings.world_size} the settings were resolved for")
     describe_run(settings, module)
     try:
         trainer.fit(module, datamodule=build_data(settings), ckpt_path=settings.resume_from, weights_only=True)
@@ -153,12 +152,6 @@ def fit(settings: RunSettings, folder: RunFolder, start: Start | None, extra_cal
         finished=graceful.stopped_at is None,
         stopped_by=graceful.requested if graceful.stopped_at is not None else None,
     )
-
-
-def settings_step(settings: RunSettings) -> int | None:
-    from model.checkpoint import checkpoint_step
-
-    return checkpoint_step(settings.resume_from) if settings.resume_from else None
 
 
 def build_module(settings: RunSettings, start: Start | None) -> GPTModule:
@@ -211,9 +204,13 @@ def build_checkpointing(settings: RunSettings, folder: RunFolder) -> tuple[Grace
 
 def build_callbacks(settings: RunSettings, folder: RunFolder) -> list[L.Callback]:
     """Speed, the loss curve, the last validation, the progress bar and the text samples."""
-    callbacks = [Throughput(settings.micro_batch_tokens), LossCurve(folder.loss_curve, settings.micro_batch_tokens), ValidateAtEnd()]
+    callbacks = [
+        Throughput(settings.tokens_per_step, settings.world_size, settings.trainer["precision"]),
+        LossCurve(folder.loss_curve, settings.tokens_per_step),
+        ValidateAtEnd(),
+    ]
     if settings.trainer["enable_progress_bar"]:
-        callbacks.append(ProgressBar())
+        callbacks.append(ProgressBar(settings.accumulation))
     samples = settings.values["samples"]
     if samples["enabled"]:
         prompts = samples["prompts"] or settings.values["data"].get("sample_prompts") or [""]
@@ -241,7 +238,7 @@ def describe_run(settings: RunSettings, module: GPTModule) -> None:
         settings.values["data"]["batch_size"], config.block_size, settings.world_size, settings.accumulation,
     )
     if settings.resume_from:
-        log.info("resuming from %s (step %d)", settings.resume_from, settings_step(settings))
+        log.info("resuming from %s (step %d)", settings.resume_from, settings.resume_step)
 
 
 def quiet_known_warnings() -> None:

@@ -1,5 +1,6 @@
 """A run folder: every file of a run by name, the lock that keeps one process per run, the choice of a
-new folder, and finding the runs that can be continued. No other module spells these names.
+new folder, and finding the runs that can be continued. No other module spells these names (but for
+the checkpoint names model.checkpoint reads run folders by, which it defines: model/ needs only torch).
 
     <run>/config.yaml            the settings the run started with (never rewritten)
          tokenizer.json          its tokenizer
@@ -15,6 +16,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import shutil
 import socket
 from dataclasses import dataclass, field
@@ -29,8 +31,9 @@ class RunFolderError(ValueError):
     """A run folder that cannot be used as asked; the message says why and what to do."""
 
 
-# Files and folders a run or Hydra makes: a folder holding only these is ours.
-HYDRA_FILES = (".hydra", "train.log")
+HYDRA_FILES = (".hydra", "train.log")  # Hydra's record of the command line, and the log
+SETTINGS_MARK = "prepared_data"  # a key of the saved settings that marks config.yaml as a run's
+SWEEPS_ROOT = "multirun"  # where sweeps go, a folder each
 
 
 @dataclass
@@ -38,7 +41,7 @@ class RunFolder:
     path: Path
 
     def __post_init__(self) -> None:
-        self.path = Path(self.path).expanduser()
+        self.path = Path(os.path.abspath(os.path.expanduser(self.path)))  # one spelling for every lookup
 
     # ---- names -------------------------------------------------------------------------------------
 
@@ -58,19 +61,23 @@ class RunFolder:
         return self.checkpoints / BEST_NAME
 
     def step_checkpoints(self) -> list[Path]:
-        """The periodic checkpoints, oldest first."""
-        return sorted(self.checkpoints.glob("step-*.ckpt"))
+        """The periodic checkpoints, oldest first (by step: step-1000000 comes after step-999999)."""
+        steps = [p for p in self.checkpoints.glob("step-*.ckpt") if p.stem[5:].isdigit()]
+        return sorted(steps, key=lambda p: int(p.stem[5:]))
 
     settings_file = property(lambda self: self.path / "config.yaml")
     tokenizer_file = property(lambda self: self.path / "tokenizer.json")
     result_file = property(lambda self: self.path / "result.json")
-    metrics_file = property(lambda self: self.path / "metrics.csv")
     loss_curve = property(lambda self: self.path / "loss.png")
     samples_file = property(lambda self: self.path / "samples.md")
     tensorboard = property(lambda self: self.path / "tensorboard")
     wandb_id_file = property(lambda self: self.path / ".wandb_id")
-    hydra_record = property(lambda self: self.path / ".hydra")
     lock_file = property(lambda self: self.path / ".lock")
+
+    @staticmethod
+    def resume_record(stamp: str) -> str:
+        """Where Hydra keeps its record of a resume's command line, inside the run folder."""
+        return f".hydra/resume-{stamp}"
 
     STARTING_FILES = (".lock", *HYDRA_FILES)  # what a starting run holds before it checks its folder
 
@@ -78,7 +85,16 @@ class RunFolder:
 
     def holds_run(self) -> bool:
         """Whether a run has started here: a checkpoint, or the settings and tokenizer a run saves first."""
-        return self.has_checkpoint() or (self.settings_file.is_file() and self.tokenizer_file.is_file())
+        return self.has_checkpoint() or self.started()
+
+    def started(self) -> bool:
+        """A run saved its settings and tokenizer here (it may have stopped before its first checkpoint)."""
+        if not (self.settings_file.is_file() and self.tokenizer_file.is_file()):
+            return False
+        try:
+            return f"\n{SETTINGS_MARK}:" in "\n" + self.settings_file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            return False
 
     def has_checkpoint(self) -> bool:
         return any(self.checkpoints.glob("*.ckpt"))
@@ -89,9 +105,10 @@ class RunFolder:
             return []
         return sorted(p.name for p in self.path.iterdir() if p.name not in self.STARTING_FILES)
 
-    def check_new(self, chosen_by: str = "hydra.run.dir") -> None:
+    def check_new(self, chosen_by: str = "hydra.run.dir", restarting: bool = False) -> None:
         """Refuse a folder a new run must not write into: one that holds a run, or anybody's files.
-        `chosen_by`: the setting that named the folder, for the message."""
+        `chosen_by`: the setting that named the folder, for the message. `restarting`: the folder is a
+        scheduler's job's own, restarted before its first checkpoint: that start may be taken over."""
         if self.path.exists() and not self.path.is_dir():
             raise RunFolderError(f"{chosen_by}={self.path}: that is a file, not a folder; choose a folder for the run")
         owner = self.held_by()
@@ -102,12 +119,12 @@ class RunFolder:
                 f"{self.path} already holds a run; pick a new {chosen_by} (runs are never overwritten), "
                 f"or continue it with resume={self.path}"
             )
-        if self.holds_run():
+        if self.started() and not restarting:
             raise RunFolderError(
                 f"{self.path} holds a run that stopped before its first checkpoint, so it cannot be continued; "
                 f"delete the folder to start it again there, or pick a new {chosen_by}"
             )
-        other = self.other_files()
+        other = [] if restarting else self.other_files()
         if other:
             listed = ", ".join(other[:3]) + (", ..." if len(other) > 3 else "")
             raise RunFolderError(
@@ -154,7 +171,7 @@ class RunFolder:
     def lock(self) -> None:
         """Hold the run's lock for the rest of this process (taken again in the same process, it is
         the same lock). Another process holding it: RunFolderError naming that process."""
-        key = str(self.path.resolve())
+        key = str(self.path)
         if key in _HELD:
             return
         self.path.mkdir(parents=True, exist_ok=True)
@@ -180,7 +197,7 @@ class RunFolder:
 
     def held_by(self) -> str | None:
         """The process holding another process's lock on this run, or None (this process's own: None)."""
-        if str(self.path.resolve()) in _HELD or not self.lock_file.is_file():
+        if str(self.path) in _HELD or not self.lock_file.is_file():
             return None
         fd = os.open(self.lock_file, os.O_RDONLY)
         try:
@@ -196,7 +213,7 @@ class RunFolder:
             os.close(fd)
 
     def unlock(self) -> None:
-        fd = _HELD.pop(str(self.path.resolve()), None)
+        fd = _HELD.pop(str(self.path), None)
         if fd is not None:
             os.close(fd)
 
@@ -220,14 +237,13 @@ def claim(folder: RunFolder, new: bool) -> Claim:
     """Take a run folder for this process: lock it, and for a new run make it (or note what an existing,
     empty one held), so that a refused start can take back what it made. Claimed again in the same
     process (train.py claims before Hydra starts, then trains), it is the same claim."""
-    key = str(folder.path.absolute())
+    key = str(folder.path)
     if key not in _CLAIMS:
         made = Claim.make(folder) if new else Claim.existing(folder)
         try:
             folder.lock()
         except RunFolderError:
-            if made.made:
-                made.take_back()
+            made.remove_empty_folders()  # the folder is the lock holder's now: only empty ones go
             raise
         _CLAIMS[key] = made
     else:
@@ -238,7 +254,7 @@ def claim(folder: RunFolder, new: bool) -> Claim:
 def adopt(made: Claim) -> Claim:
     """Register a claim made elsewhere (a new folder from claim_new_folder) as this process's, locked."""
     made.folder.lock()
-    _CLAIMS[str(made.folder.path.absolute())] = made
+    _CLAIMS[str(made.folder.path)] = made
     return made
 
 
@@ -259,12 +275,13 @@ def write_atomically(path: Path, text: str) -> None:
 
 
 def folder_of(path: str | os.PathLike) -> RunFolder:
-    """The run a resume= path names: the folder itself, or the run holding a checkpoint."""
+    """The run a resume= path names: the folder itself, or the run holding a checkpoint (links, such
+    as outputs/latest, followed: the run is named by its own folder)."""
     path = Path(path).expanduser()
     if path.is_dir():
-        return RunFolder(path)
+        return RunFolder(path.resolve())
     if path.is_file() and path.parent.name == CHECKPOINTS_DIR:
-        return RunFolder(path.parent.parent)
+        return RunFolder(path.parent.parent.resolve())
     if path.is_file():
         raise RunFolderError(f"resume={path}: a checkpoint outside a run folder cannot be resumed; use init_from={path}")
     raise RunFolderError(f"resume={path} does not exist; give a run folder, a checkpoint in one, or resume=auto")
@@ -282,8 +299,14 @@ def launcher_run_name(environ=os.environ) -> str | None:
         return f"slurm-{environ['SLURM_JOB_ID']}"
     run_id = environ.get("TORCHELASTIC_RUN_ID", "none")
     if run_id != "none":
-        return f"torchrun-{run_id[:8]}"
+        return "torchrun-" + re.sub(r"[^A-Za-z0-9._-]", "_", run_id)
     return None
+
+
+def launcher_folder(runs_root: str | os.PathLike, environ=os.environ) -> RunFolder | None:
+    """The run folder a SLURM job or a torchrun launch names for itself under runs_root, or None."""
+    name = launcher_run_name(environ)
+    return RunFolder(Path(runs_root) / name) if name else None
 
 
 def launcher_restarted(environ=os.environ) -> bool:
@@ -310,13 +333,15 @@ def claim_new_folder(root: str | os.PathLike) -> Claim:
 
 
 def resumable_runs(root: str | os.PathLike) -> list[RunFolder]:
-    """Unfinished runs under root that have a checkpoint, newest first."""
+    """Unfinished runs under root (named by time, or by their launcher) that have a checkpoint and that
+    no process is training, the most recently checkpointed first."""
     found = []
-    for settings in Path(root).expanduser().glob("**/config.yaml"):
+    for settings in [*Path(root).expanduser().glob("*/config.yaml"), *Path(root).expanduser().glob("*/*/config.yaml")]:
         folder = RunFolder(settings.parent)
-        if folder.path.name == ".hydra" or folder.is_finished() or folder.checkpoint_to_resume() is None:
+        checkpoint = folder.checkpoint_to_resume() if folder.started() else None
+        if checkpoint is None or folder.is_finished() or folder.held_by():
             continue
-        found.append((settings.stat().st_mtime, folder))
+        found.append((checkpoint.stat().st_mtime, folder))
     return [folder for _, folder in sorted(found, key=lambda item: item[0], reverse=True)]
 
 
@@ -343,19 +368,31 @@ class Claim:
     def existing(cls, folder: RunFolder) -> Claim:
         return cls(folder, [], {p.name for p in folder.path.iterdir()} if folder.path.is_dir() else set())
 
+    def release(self) -> None:
+        """The run is over for this process: unlock it and forget the claim."""
+        self.folder.unlock()
+        _CLAIMS.pop(str(self.folder.path), None)
+
     def take_back(self) -> None:
         """Remove what this invocation made: the folders it made (parents only while empty, as another
-        run may have started in them meanwhile), else the files it added to an existing folder."""
-        self.folder.unlock()
-        _CLAIMS.pop(str(self.folder.path.absolute()), None)
+        run may have started in them meanwhile), else the files it added to an existing folder. A
+        folder that holds a run is never removed."""
+        self.release()
+        if self.folder.has_checkpoint():
+            return
         if self.made:
             shutil.rmtree(self.folder.path, ignore_errors=True)
-            for parent in reversed(self.made[:-1]):
-                try:
-                    parent.rmdir()
-                except OSError:
-                    break
+            self.remove_empty_folders()
             return
         for entry in self.folder.path.iterdir() if self.folder.path.is_dir() else []:
             if entry.name not in self.before:
                 shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink(missing_ok=True)
+
+    def remove_empty_folders(self) -> None:
+        for folder in reversed(self.made):
+            try:
+                folder.rmdir()
+            except FileNotFoundError:
+                continue
+            except OSError:  # not empty: another run started in it meanwhile
+                break

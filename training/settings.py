@@ -7,6 +7,7 @@ config.yaml and every checkpoint hold; a resumed run starts from its checkpoint'
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import os
 from collections.abc import Iterable
@@ -18,13 +19,15 @@ import torch
 from omegaconf import OmegaConf
 from tokenizers import Tokenizer
 
-from data.cache import TokenCache
-from data.datamodule import check_sizes, prepare_corpus
-from model import GPTConfig
-from model.checkpoint import CheckpointError, read_header
+from data import DataError
+from data.cache import TokenCache, discard
+from data.datamodule import check_sizes, corpus_key, prepare_corpus
+from model import ConfigError, GPTConfig
+from model.checkpoint import CheckpointError, DamagedCheckpoint, read_header
 
-from .checks import SPEC, SettingError, check_values, probe_trainer, shown, time_budget_seconds
+from .checks import ABSENT, SPEC, SettingError, check_values, lookup, probe_trainer, put, shown, time_budget_seconds
 from .init_from import Start, model_keys_in, start_from
+from .run_folder import SETTINGS_MARK as PREPARED
 
 log = logging.getLogger(__name__)
 
@@ -44,12 +47,13 @@ CHANGEABLE_ON_RESUME = (
 )
 
 # Settings whose requested value means "work it out", and so matches whatever the run worked out.
-WORKED_OUT = {"model.vocab_size": None, "tokens_per_step": None, "trainer.precision": None, "trainer.accumulate_grad_batches": 1}
+WORKED_OUT = {"model.vocab_size": None, "tokens_per_step": None, "trainer.accumulate_grad_batches": 1}
 
-# Settings that name local files: made absolute, so a run continues from any folder.
-PATH_KEYS = ("data.path", "data.val_path", "tokenizer.path", "init_from")
+# Settings that name local files (or lists of them): made absolute, so a run continues from any folder.
+PATH_KEYS = ("data.path", "data.val_path", "data.local_copies", "tokenizer.path", "init_from")
 
-PREPARED = "prepared_data"  # in saved settings: the token cache entry the run trains on
+# Trainer settings resolved here rather than passed to lightning.Trainer as they are.
+RESOLVED_TRAINER_KEYS = ("strategy", "precision", "accumulate_grad_batches")
 
 
 @dataclass
@@ -60,6 +64,7 @@ class RunSettings:
     world_size: int
     accumulation: int
     resume_from: Path | None = None  # the checkpoint a continued run starts from
+    resume_step: int | None = None  # and its step
 
     @property
     def tokenizer_json(self) -> str:
@@ -86,18 +91,22 @@ class RunSettings:
         return self.values["tokens_per_step"]
 
     def trainer_arguments(self) -> dict[str, Any]:
-        """lightning.Trainer's arguments, but the ones resolved here (strategy, precision, accumulation)."""
-        return {k: v for k, v in self.trainer.items() if k not in ("strategy", "precision", "accumulate_grad_batches")}
+        return trainer_arguments(self.trainer)
 
     def saved(self) -> dict[str, Any]:
         """What config.yaml and each checkpoint hold: the settings, and the token cache entry."""
-        return {**copy.deepcopy(self.values), PREPARED: {"cache_key": self.tokens.folder.name, "source": self.tokens.meta.get("source")}}
+        return {**copy.deepcopy(self.values), PREPARED: {"cache_key": self.tokens.key, "source": self.tokens.meta.get("source")}}
 
 
-# ---- resolving ---------------------------------------------------------------------------------------
+def trainer_arguments(trainer: dict[str, Any]) -> dict[str, Any]:
+    """lightning.Trainer's arguments, but the ones resolved here (strategy, precision, accumulation)."""
+    return {k: v for k, v in trainer.items() if k not in RESOLVED_TRAINER_KEYS}
 
 
-def choose_precision(requested: str | None) -> str:
+# ---- checking ----------------------------------------------------------------------------------------
+
+
+def choose_precision(requested: str | int | None) -> str:
     """bf16 mixed precision on GPUs that support it, full 32-bit elsewhere; an explicit choice wins."""
     if requested:
         return str(requested)
@@ -117,24 +126,36 @@ def choose_strategy(name: Any):
     return name
 
 
-def check(values: dict[str, Any]) -> tuple[dict[str, Any], int, int]:
-    """Every setting checked, paths made absolute, precision chosen and the global batch worked out for
-    the devices Lightning would use; nothing is made. Returns (values, world size, accumulation)."""
-    values = check_values(values)
-    for key in PATH_KEYS:
-        put(values, key, absolute(key, lookup(values, key)))
-    trainer = values["trainer"]
-    accelerator = str(trainer.get("accelerator", "auto"))
-    if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
-        raise SettingError(f"trainer.accelerator={accelerator}: this machine has no CUDA GPU; use trainer.accelerator=cpu or auto")
-    if accelerator == "mps" and not torch.backends.mps.is_available():
-        raise SettingError("trainer.accelerator=mps: MPS is not available here; use trainer.accelerator=cpu or auto")
-    trainer["precision"] = choose_precision(trainer.get("precision"))
-    args = {k: v for k, v in trainer.items() if k not in ("strategy", "precision", "accumulate_grad_batches")}
-    world_size = probe_trainer(args, choose_strategy(trainer.get("strategy", "auto")), trainer["precision"])
-    values["tokens_per_step"], accumulation = global_batch(values, world_size)
-    trainer["accumulate_grad_batches"] = accumulation
-    return values, world_size, accumulation
+_CHECKED: dict[str, tuple[dict[str, Any], int]] = {}  # what check() found for a config, in this process
+
+
+def check(values: dict[str, Any]) -> tuple[dict[str, Any], int]:
+    """Every setting checked, paths made absolute, precision chosen and, unless init_from will set the
+    shape, the global batch worked out for the devices Lightning would use; nothing is made. Returns
+    (values, world size). train.py checks a command line before it makes a folder, then the run
+    resolves it: the same config is checked once per process."""
+    key = json.dumps(values, sort_keys=True, default=str)
+    if key not in _CHECKED:
+        values = check_values(values)
+        init_from = values.get("init_from")
+        if init_from and not Path(init_from).expanduser().exists():
+            raise CheckpointError(f"init_from={init_from} does not exist; pass a .ckpt file, a run folder or a Hugging Face folder")
+        for name in PATH_KEYS:
+            if lookup(values, name) is not ABSENT:
+                put(values, name, absolute(lookup(values, name)))
+        trainer = values["trainer"]
+        accelerator = str(trainer.get("accelerator", "auto"))
+        if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
+            raise SettingError(f"trainer.accelerator={accelerator}: this machine has no CUDA GPU; use trainer.accelerator=cpu or auto")
+        if accelerator == "mps" and not torch.backends.mps.is_available():
+            raise SettingError("trainer.accelerator=mps: MPS is not available here; use trainer.accelerator=cpu or auto")
+        trainer["precision"] = choose_precision(trainer.get("precision"))
+        world_size = probe_trainer(trainer_arguments(trainer), choose_strategy(trainer.get("strategy", "auto")), trainer["precision"])
+        if not values.get("init_from"):
+            global_batch(values, world_size)
+        _CHECKED[key] = (values, world_size)
+    values, world_size = _CHECKED[key]
+    return copy.deepcopy(values), world_size
 
 
 def global_batch(values: dict[str, Any], world_size: int) -> tuple[int, int]:
@@ -155,44 +176,82 @@ def global_batch(values: dict[str, Any], world_size: int) -> tuple[int, int]:
     return tokens, tokens // micro
 
 
+# ---- resolving ---------------------------------------------------------------------------------------
+
+
 def resolve(requested: dict[str, Any], named: Iterable[str] = ()) -> tuple[RunSettings, Start | None]:
     """A new run's settings from the composed config; `named`: the settings the command line gave
     (init_from keeps its checkpoint's shape unless one is named). Also returns what init_from starts from."""
-    values, world_size, accumulation = check(requested)
+    values, world_size = check(requested)
     start = start_from(OmegaConf.create(values), model_keys_in(named, values["model"]))
     if start:
         values["model"] = start.config.to_dict()  # its shape is the run's shape
     tokens = prepare(values, given=start.tokenizer if start else None)
-    values["model"] = final_model(values["model"], tokens.meta["vocab_size"]).to_dict()
-    check_sizes(tokens, values["model"]["block_size"])
-    return RunSettings(values, GPTConfig.from_dict(values["model"]), tokens, world_size, accumulation), start
+    try:
+        model = final_model(values["model"], tokens.meta["vocab_size"])
+        values["model"] = model.to_dict()
+        check_sizes(tokens, model.block_size)
+        values["tokens_per_step"], accumulation = global_batch(values, world_size)
+    except (SettingError, ConfigError, DataError):
+        if tokens.made_now:  # refused: the entry made for it goes too
+            discard(tokens)
+        raise
+    values["trainer"]["accumulate_grad_batches"] = accumulation
+    return RunSettings(values, model, tokens, world_size, accumulation), start
 
 
-def resolve_resumed(checkpoint: Path, requested: dict[str, Any], named: Iterable[str], defaults: dict[str, Any]) -> RunSettings:
-    """A continued run's settings: its checkpoint's, with what the command line may change applied.
-    The data and tokenizer must be the run's own."""
-    header = read_header(checkpoint)
-    saved = dict(header["settings"])
-    prepared = saved.pop(PREPARED, None)
-    if not saved:
-        raise CheckpointError(f"{checkpoint} carries no run settings; it cannot be resumed, but init_from={checkpoint} starts a new run from its weights")
-    values = continue_values(saved, requested, named_leaves(named, requested, defaults), checkpoint.parent.parent)
-    check_continuation(values, header["step"])
-    values, world_size, accumulation = check(values)
-    run_tokenizer = Tokenizer.from_str(header["tokenizer"]) if header.get("tokenizer") else None
-    tokens = prepare(values, given=run_tokenizer if values.get("init_from") else None)
-    if prepared and tokens.folder.name != prepared["cache_key"]:
-        raise SettingError(
-            f"the data of the run being resumed has changed since it started ({prepared.get('source')} then, "
-            f"{tokens.meta.get('source')} now: other files, sizes or times); continue it only with the same data, "
-            f"or start a new run from its weights with init_from={checkpoint}"
-        )
-    if run_tokenizer is not None and tokens.tokenizer_json != run_tokenizer.to_str():
+def resolve_resumed(checkpoint: Path, requested: dict[str, Any], named: Iterable[str]) -> RunSettings:
+    """A continued run's settings: its checkpoint's, with what the command line may change applied."""
+    values, world_size, step, tokenizer = continue_settings(checkpoint, requested, named)
+    tokens = prepare(values, given=tokenizer if values.get("init_from") else None)
+    if tokenizer is not None and tokens.tokenizer_json != tokenizer.to_str():
         log.warning("the token cache holds another tokenizer than the run's; tokenizing again with the run's own")
-        tokens = prepare(values, given=run_tokenizer)
+        tokens = prepare(values, given=tokenizer)
+    values["tokens_per_step"], accumulation = global_batch(values, world_size)
+    values["trainer"]["accumulate_grad_batches"] = accumulation
     model = GPTConfig.from_dict(values["model"])
     check_sizes(tokens, model.block_size)
-    return RunSettings(values, model, tokens, world_size, accumulation, resume_from=checkpoint)
+    return RunSettings(values, model, tokens, world_size, accumulation, resume_from=checkpoint, resume_step=step)
+
+
+def continue_settings(checkpoint: Path, requested: dict[str, Any], named: Iterable[str]) -> tuple[dict, int, int, Tokenizer | None]:
+    """The settings a run continues with, checked, before anything is made: its checkpoint's, with the
+    named settings that may change taken from the command line (others that differ are refused), with
+    steps left to train, on the data it started with. Returns (values, world size, step, tokenizer)."""
+    header = read_run_header(checkpoint)
+    saved = dict(header["settings"])
+    prepared = saved.pop(PREPARED, None)
+    run = checkpoint.parent.parent
+    values = continue_values(saved, requested, expand(named, requested, saved), run)
+    check_continuation(values, header["step"])
+    values, world_size = check(values)
+    global_batch(values, world_size)
+    tokenizer = Tokenizer.from_str(header["tokenizer"]) if header.get("tokenizer") else None
+    if prepared:
+        data = OmegaConf.create(values["data"])
+        source, key = corpus_key(data, OmegaConf.create(values["tokenizer"]), tokenizer if values.get("init_from") else None)
+        if key != prepared["cache_key"]:
+            raise SettingError(
+                f"the data of the run being resumed ({run}) has changed since it started ({prepared.get('source')} "
+                f"then, {source.label} now: other files, sizes or times); continue it only with the same data, or "
+                f"start a new run from its weights with init_from={checkpoint}"
+            )
+    return values, world_size, header["step"], tokenizer
+
+
+def read_run_header(checkpoint: Path) -> dict[str, Any]:
+    """A checkpoint's step, settings and tokenizer, for continuing its run."""
+    try:
+        header = read_header(checkpoint)
+    except DamagedCheckpoint as err:
+        raise CheckpointError(
+            f"cannot resume from {checkpoint}: it is truncated or corrupted{f' ({err.detail})' if err.detail else ''}; "
+            "pass an earlier checkpoint of the run, e.g. resume=<run>/checkpoints/step-NNNNNN.ckpt"
+        ) from None
+    if not header["settings"]:
+        raise CheckpointError(f"{checkpoint} carries no run settings, so it cannot be resumed; init_from={checkpoint} "
+                              "starts a new run from its weights")
+    return header
 
 
 def prepare(values: dict[str, Any], given: Tokenizer | None) -> TokenCache:
@@ -215,7 +274,7 @@ def final_model(model: dict[str, Any], tokenizer_vocab: int) -> GPTConfig:
 # ---- continuing a run --------------------------------------------------------------------------------
 
 
-def continue_values(saved: dict[str, Any], requested: dict[str, Any], named: Iterable[str], source: Path) -> dict[str, Any]:
+def continue_values(saved: dict[str, Any], requested: dict[str, Any], named: Iterable[str], run: Path) -> dict[str, Any]:
     """The saved settings, with the named settings that may change on resume taken from the command
     line. A named setting that contradicts the saved run is refused, naming both values."""
     values = copy.deepcopy(saved)
@@ -226,15 +285,16 @@ def continue_values(saved: dict[str, Any], requested: dict[str, Any], named: Ite
         if changeable(key):
             put(values, key, want)
         elif differs(key, want, have):
-            raise SettingError(contradiction(key, want, have, saved, requested, source))
+            raise SettingError(contradiction(key, want, have, saved, requested, run))
     for key in LAUNCH_KEYS:
         values[key] = requested.get(key)
-    values["trainer"]["accumulate_grad_batches"] = 1  # follows from tokens_per_step and this launch's devices
+    if values.get("tokens_per_step") is not None:
+        values["trainer"]["accumulate_grad_batches"] = 1  # follows from tokens_per_step and this launch's devices
     return values
 
 
 def check_continuation(values: dict[str, Any], step: int) -> None:
-    """A continued run must have steps left to train."""
+    """A continued run with a step limit must have steps left to train."""
     max_steps = values["trainer"]["max_steps"]
     if 0 < max_steps <= step:
         finished = "is finished" if max_steps == step else "is past that"
@@ -260,16 +320,27 @@ def matches(requested: dict[str, Any], saved: dict[str, Any], named: Iterable[st
 
 
 def named_leaves(overrides: Iterable[str], requested: dict[str, Any], defaults: dict[str, Any]) -> list[str]:
-    """The settings a command line gives: the keys it names (a group, such as model=baby, names each
-    of its settings), and every setting whose value differs from the defaults (what experiment=... sets)."""
+    """The settings a command line gives, as dotted keys: the keys it names (a group, such as
+    model=baby, names each of its settings), and every setting whose value differs from the defaults
+    (what experiment=... sets)."""
     keys = set(differing_leaves(requested, defaults))
     for override in overrides:
         key = override.split("=", 1)[0].lstrip("+~")
         if key.startswith("hydra.") or key.split(".")[0] in ("experiment", "debug", "hparams_search"):
             continue
-        keys |= {leaf for leaf in differing_leaves(lookup(requested, key), ABSENT, key)} or {key}
-        keys |= {leaf for leaf in differing_leaves(lookup(defaults, key), ABSENT, key)}
+        keys |= set(expand([key], requested, defaults))
     return sorted(keys)
+
+
+def expand(named: Iterable[str], *configs: dict[str, Any]) -> list[str]:
+    """Dotted keys (or key=value overrides), a group's key replaced by each of its settings in any of
+    the configs."""
+    keys = []
+    for item in named:
+        key = item.split("=", 1)[0].lstrip("+~")
+        leaves = {leaf for config in configs for leaf in differing_leaves(lookup(config, key), ABSENT, key)}
+        keys += sorted(leaves) or [key]
+    return list(dict.fromkeys(keys))
 
 
 def changeable(key: str) -> bool:
@@ -280,20 +351,18 @@ def differs(key: str, want: Any, have: Any) -> bool:
     if key in WORKED_OUT and want == WORKED_OUT[key] and not isinstance(want, bool):
         return False
     if key in PATH_KEYS:
-        want, have = absolute(key, want), absolute(key, have)
+        want, have = absolute(want), absolute(have)
     return want != have or (type(want) is bool) != (type(have) is bool)
 
 
-def contradiction(key: str, want: Any, have: Any, saved: dict[str, Any], requested: dict[str, Any], source: Path) -> str:
+def contradiction(key: str, want: Any, have: Any, saved: dict[str, Any], requested: dict[str, Any], run: Path) -> str:
     if key.startswith("logger."):  # a tracker added or dropped: the logger choice differs
-        given, have = f"logger={logger_choice(requested)}", logger_choice(saved)
-        key = "logger"
-    elif have is ABSENT:
-        return f"{key} is not a setting of the run being resumed ({source}); leave it out to continue the run as it was"
+        given, key, have = f"logger={logger_choice(requested)}", "logger", logger_choice(saved)
     else:
-        given, have = f"~{key}" if want is ABSENT else f"{key}={shown(want)}", shown(have)
+        given = f"~{key}" if want is ABSENT else f"{key}={shown(want)}"
+        have = "not set" if have is ABSENT else shown(have)
     return (
-        f"{given} contradicts the run being resumed ({source}), whose {key} is {have}; leave it out to continue "
+        f"{given} contradicts the run being resumed ({run}), whose {key} is {have}; leave it out to continue "
         "the run as it was, or start a new run without resume= (README: Interrupted runs, and resuming)"
     )
 
@@ -304,32 +373,6 @@ def logger_choice(values: dict[str, Any]) -> str:
 
 
 # ---- nested settings ---------------------------------------------------------------------------------
-
-
-class _Absent:
-    def __repr__(self) -> str:
-        return "absent"
-
-
-ABSENT = _Absent()
-
-
-def lookup(values: Any, key: str) -> Any:
-    for name in key.split("."):
-        if not isinstance(values, dict) or name not in values:
-            return ABSENT
-        values = values[name]
-    return values
-
-
-def put(values: dict[str, Any], key: str, value: Any) -> None:
-    *path, last = key.split(".")
-    for name in path:
-        values = values.setdefault(name, {})
-    if value is ABSENT:
-        values.pop(last, None)
-    else:
-        values[last] = value
 
 
 def differing_leaves(a: Any, b: Any, prefix: str = "") -> list[str]:
@@ -349,8 +392,10 @@ def differing_leaves(a: Any, b: Any, prefix: str = "") -> list[str]:
     return [prefix] if a != b or (type(a) is bool) != (type(b) is bool) else []
 
 
-def absolute(key: str, value: Any) -> Any:
-    """A local path made absolute (~ expanded); other values (none, a Hub name) as they are."""
+def absolute(value: Any) -> Any:
+    """A local path (or a list of them) made absolute, ~ expanded; other values (none, a URL) as they are."""
+    if isinstance(value, list):
+        return [absolute(item) for item in value]
     if not isinstance(value, str) or not value or value == "???" or "://" in value:
         return value
     return os.path.abspath(os.path.expanduser(value))
