@@ -15,7 +15,6 @@ import math
 import re
 import shutil
 import sys
-import tempfile
 from datetime import datetime
 from pathlib import Path
 
@@ -26,7 +25,7 @@ from lightning.fabric.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from model.checkpoint import CheckpointError, read_header
-from training.checks import trainer_parameters
+from training.checks import SettingError, check_writable, trainer_parameters
 from training.checkpointing import CheckpointSaveError
 from training.run import USER_ERRORS, describe_metrics, train
 from training.run_folder import (
@@ -41,7 +40,7 @@ from training.run_folder import (
     launcher_restarted,
     resumable_runs,
 )
-from training.settings import check, continue_settings, matches, named_leaves
+from training.settings import check, continue_settings, differing_leaves, expand, matches, named_leaves
 from training.sweep import result_record, summarize
 
 log = logging.getLogger("train")
@@ -119,47 +118,36 @@ class Composer:
         except HydraException as err:
             cause = err.__cause__
             if (cause is not None and "not in struct" in str(cause)) or str(err).startswith("Could not override"):
-                raise CommandLineError(unknown_setting(str(err).split("'")[1], self.defaults)) from None
+                raise CommandLineError(unknown_setting(str(err).split("'")[1], self.defaults, overrides)) from None
             raise CommandLineError(str(err).splitlines()[0]) from None
         except Exception as err:  # an interpolation or resolver that fails on the given values
             raise CommandLineError(f"cannot compose the config: {str(err).splitlines()[0]}") from None
 
 
-def unknown_setting(key: str, defaults: dict) -> str:
+def unknown_setting(key: str, defaults: dict, overrides: list[str]) -> str:
     import difflib
 
-    from training.settings import differing_leaves
-
+    group = key.split(".")[0]
+    choice = next((o.split("=", 1)[1] for o in overrides if "=" in o and o.lstrip("+").split("=")[0] == group), None)
     known = differing_leaves(defaults, {}) + [f"trainer.{name}" for name in trainer_parameters()]
     close = difflib.get_close_matches(key, known, n=1, cutoff=0.75)
-    hint = f" (did you mean {close[0]}?)" if close else ""
+    if close and close[0] == key and choice:  # a setting of the default choice, not of the one given
+        return f"unknown setting '{key}': {group}={choice} has no such setting (python train.py {group}={choice} --cfg job lists its settings)"
+    hint = f" (did you mean {close[0]}?)" if close and close[0] != key else ""
     return f"unknown setting '{key}'{hint}; check the spelling (python train.py --cfg job lists every setting)"
 
 
 # ---- bad places for a run, in one line -----------------------------------------------------------------
 
 
-def unwritable(folder: Path) -> str | None:
-    """Why a folder could not be made at `folder`, or None when it can."""
-    existing = folder
-    while not existing.exists():
-        existing = existing.parent
-    if not existing.is_dir():
-        return f"{existing} is a file, not a folder"
-    try:
-        tempfile.TemporaryDirectory(dir=existing).cleanup()
-    except OSError as err:
-        return f"cannot write in {existing} ({err.strerror})"
-    return None
-
-
 def check_places(settings: dict[str, str]) -> None:
     """A run folder (hydra.run.dir, or one under runs_root) or sweep folder that cannot be written."""
     for key in ("hydra.run.dir", "runs_root", "hydra.sweep.dir"):
         if key in settings:
-            problem = unwritable(Path(settings[key]).expanduser().absolute())
-            if problem:
-                raise RunFolderError(f"{key}={settings[key]}: {problem}; choose a folder you can write to")
+            try:
+                check_writable(key, settings[key])
+            except SettingError as err:
+                raise RunFolderError(str(err)) from None
 
 
 # ---- choosing where a run goes --------------------------------------------------------------------------
@@ -202,7 +190,7 @@ class Launch:
                 raise CommandLineError("hparams_search is a search over many runs: add -m (python train.py -m hparams_search=optuna ...)")
             requested = composer.compose(self.user + self.hydra_overrides, with_hydra=True)
             requested.pop("hydra")
-            named = named_leaves(self.user, requested, composer.defaults)
+            named = named_settings(self.user, requested, composer.defaults)
         folder, checkpoint, restarting = self.choose(requested, named)
         if checkpoint is not None:
             return self.resumed(folder, checkpoint, requested, named)
@@ -225,6 +213,10 @@ class Launch:
                 except CheckpointError:
                     continue
                 if saved and matches(requested, saved, named):
+                    owner = folder.held_by()
+                    if owner and self.first:
+                        raise RunFolderError(f"resume=auto: the run with these settings, {folder.path}, is being trained by "
+                                             f"{owner}; wait for it to end (or stop it), then run this again")
                     return folder, folder.checkpoint_to_resume().resolve(), False
             return None, None, False
         restarted = given is not None and not explicit and launcher_restarted()
@@ -271,11 +263,16 @@ class Launch:
         hydra.sweep.dir names one."""
         if any(o.lstrip("+").split("=")[0] == "resume" for o in self.user):
             raise CommandLineError("resume= continues one run: run it without -m (python train.py resume=RUN)")
-        parsed = parse_overrides(self.user)
+        parsed, hydra_parsed = parse_overrides(self.user), parse_overrides(self.hydra_overrides)
         fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
-        searched = composer.compose(fixed + self.hydra_overrides, with_hydra=True)["hydra"]
+        searched = composer.compose(fixed + [o.input_line for o in hydra_parsed if not o.is_sweep_override()], with_hydra=True)["hydra"]
+        sweeper = searched.get("sweeper") or {}
+        if isinstance(sweeper.get("n_trials"), int) and sweeper["n_trials"] < 1:
+            raise CommandLineError(f"hydra.sweeper.n_trials must be at least 1, got {sweeper['n_trials']}")
+        space = {**(sweeper.get("params") or {}), **{  # the search space, with what the command line adds to it
+            o.key_or_group.removeprefix("hydra.sweeper.params."): o.input_line.split("=", 1)[1]
+            for o in hydra_parsed if o.key_or_group.startswith("hydra.sweeper.params.")}}
         given = {o.key_or_group for o in parsed}
-        space = (searched.get("sweeper") or {}).get("params") or {}
         search = [f"{key}={values}" for key, values in space.items() if key not in given]
         for combination in sweep_combinations(self.user + search):
             check(composer.compose(combination))
@@ -328,6 +325,20 @@ def check_command_line(args: list[str]) -> str | None:
 # ---- the run --------------------------------------------------------------------------------------------
 
 
+def named_settings(overrides: list[str], requested: dict, defaults: dict) -> list[str]:
+    """The settings a command line gives, as dotted keys (training.settings.named_leaves), and every
+    setting a recipe it chooses sets (experiment=..., debug=...), even one it sets to its default."""
+    named = set(named_leaves(overrides, requested, defaults))
+    for override in overrides:
+        group, _, choice = override.lstrip("+").partition("=")
+        recipe = CONFIG_DIR / group / f"{choice}.yaml"
+        if group in ("experiment", "debug") and recipe.is_file():
+            settings = OmegaConf.to_container(OmegaConf.load(recipe))
+            chosen = [next(iter(d)).split("/")[-1] for d in settings.pop("defaults", []) if isinstance(d, dict)]
+            named |= set(expand([*chosen, *differing_leaves(settings, {})], requested, defaults))
+    return sorted(named)
+
+
 @hydra.main(version_base="1.3", config_path="configs", config_name="train")
 def main(cfg: DictConfig) -> float | None:
     hydra_cfg = HydraConfig.get()
@@ -336,7 +347,7 @@ def main(cfg: DictConfig) -> float | None:
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
     requested = OmegaConf.to_container(cfg, resolve=True)
     with_defaults = hydra.compose("train", overrides=[])
-    named = named_leaves([o for o in overrides if not o.startswith("hydra.")], requested, OmegaConf.to_container(with_defaults, resolve=True))
+    named = named_settings([o for o in overrides if not o.startswith("hydra.")], requested, OmegaConf.to_container(with_defaults, resolve=True))
     try:
         result = train(cfg, run_dir, named=named, overrides=overrides)
     except USER_ERRORS as err:

@@ -12,6 +12,13 @@ class ConfigError(ValueError):
     """A model setting that cannot work; the message says which and how to fix it."""
 
 
+def shown(value: Any) -> str:
+    """A value as it is written in a config: 'text', true, null, 0.1."""
+    if value is None or isinstance(value, bool):
+        return "null" if value is None else str(value).lower()
+    return repr(value)
+
+
 @dataclass
 class GPTConfig:
     """Shape of a GPT-2 model. Field names follow the GPT-2 checkpoints.
@@ -33,18 +40,18 @@ class GPTConfig:
         for name in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"model.{name} must be a whole number of at least 1, got {value!r}")
+                raise ConfigError(f"model.{name} must be a whole number of at least 1, got {shown(value)}")
         if self.n_embd % self.n_head != 0:
             raise ConfigError(
                 f"model.n_embd ({self.n_embd}) must be divisible by model.n_head ({self.n_head}); "
                 f"pick n_embd as a multiple of n_head, e.g. n_embd={self.n_head * max(1, round(self.n_embd / self.n_head))}"
             )
         if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) or not 0.0 <= self.dropout < 1.0:
-            raise ConfigError(f"model.dropout must be a number in [0, 1), got {self.dropout!r}")
+            raise ConfigError(f"model.dropout must be a number in [0, 1), got {shown(self.dropout)}")
         if not isinstance(self.bias, bool):
-            raise ConfigError(f"model.bias must be true or false, got {self.bias!r}")
+            raise ConfigError(f"model.bias must be true or false, got {shown(self.bias)}")
         if self.attention not in ATTENTION_KERNELS:
-            raise ConfigError(f"model.attention must be one of {ATTENTION_KERNELS}, got {self.attention!r}")
+            raise ConfigError(f"model.attention must be one of {', '.join(ATTENTION_KERNELS)}, got {shown(self.attention)}")
 
     @property
     def head_size(self) -> int:

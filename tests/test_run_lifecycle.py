@@ -144,13 +144,18 @@ def test_a_contradicting_setting_beside_resume_is_refused(small_text, tmp_path):
         "seed=7": "seed=7 contradicts",
         "model=nano": "model.n_embd=96 contradicts",  # the preset names every model setting
         "experiment=shakespeare_char_cpu": "contradicts the run being resumed",
+        "experiment=shakespeare_75s": "contradicts the run being resumed",  # even where it sets the defaults
         "tokenizer.vocab_size=400": "tokenizer.vocab_size=400 contradicts",
         "data=pydoc": "contradicts the run being resumed",
         "tokens_per_step=512": "tokens_per_step=512 contradicts",
-        "trainer.max_steps=5": "trainer.max_steps=5: the run is past that (its checkpoint is at step 6)",
+        "trainer.max_steps=5": "the run is already at step 6, past trainer.max_steps=5; give a larger trainer.max_steps",
+        "trainer.strategy=ddp trainer.devices=2 trainer.accelerator=cpu": "this run's global batch, tokens_per_step=256, "
+        "cannot be shared by 2 devices: each takes data.batch_size x model.block_size = 8 x 32 = 256 tokens at least",
     }
-    for override, message in contradicting.items():
-        assert message in train.check_command_line([f"resume={run}", override]), override
+    for overrides, message in contradicting.items():
+        assert message in train.check_command_line([f"resume={run}", *overrides.split()]), overrides
+    assert train.check_command_line([f"resume={run / 'checkpoints'}"]) is None  # the checkpoints folder names the run too
+    assert "holds no run" in train.check_command_line([f"resume={tmp_path}"])
     allowed = [["trainer.max_steps=40", "checkpoint.keep=3", "checkpoint.every_n_steps=5", "samples.enabled=false"],
                ["trainer.devices=1", "trainer.accelerator=cpu", "trainer.enable_progress_bar=true", "trainer.log_every_n_steps=5"],
                run_args(small_text)]  # every original setting repeated
@@ -170,7 +175,7 @@ def test_a_resumed_run_may_run_longer_and_keeps_its_first_settings_file(small_te
     assert yaml.safe_load(settings)["trainer"]["max_steps"] == STEPS
     again = run_script("train.py", f"resume={run}", cwd=tmp_path)  # its newest checkpoint knows it was extended
     assert again.returncode == 1
-    assert "trainer.max_steps=16: the run is finished (its checkpoint is at step 16)" in one_error_line(again.stderr)
+    assert "the run is finished: it reached trainer.max_steps=16; give a larger trainer.max_steps" in one_error_line(again.stderr)
 
 
 def test_a_run_killed_after_best_ckpt_and_before_any_step_file_resumes_from_it(small_text, reference, tmp_path):
@@ -186,6 +191,23 @@ def test_a_run_killed_after_best_ckpt_and_before_any_step_file_resumes_from_it(s
     assert losses(run) == losses(reference)
 
 
+def test_resume_auto_finds_the_run_from_another_folder_and_not_through_the_latest_link(small_text, tmp_path):
+    runs = tmp_path / "runs"
+    args = [*run_args(small_text), f"runs_root={runs}", f"latest_link={runs}/latest"]
+    first = start(args, tmp_path, "kill:7")
+    finish(first)
+    (run,) = runs_under(runs)
+    (runs / "latest").symlink_to(run)  # as an earlier finished command would have left it
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    proc = run_script("train.py", *args, "resume=auto", cwd=elsewhere)  # relative defaults (local_copies) differ here
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert runs_under(runs) == [run]
+    result = json.loads((run / "result.json").read_text())
+    assert result["finished"] and result["run_dir"] == str(run)  # the run's own folder, not the link
+    assert not (elsewhere / "outputs").exists()
+
+
 def test_resume_auto_continues_the_run_with_these_settings(small_text, tmp_path):
     slow = stopped_run(small_text, tmp_path, "kill:7", "optim.lr=1e-3")
     fast = stopped_run(small_text, tmp_path, "kill:7", "optim.lr=3e-3")
@@ -198,7 +220,43 @@ def test_resume_auto_continues_the_run_with_these_settings(small_text, tmp_path)
     assert len(runs_under(tmp_path / "outputs")) == 3
 
 
+def test_a_fine_tune_resumes_after_the_checkpoint_it_started_from_is_gone(small_text, tmp_path):
+    (tmp_path / "source").mkdir()
+    source = stopped_run(small_text, tmp_path / "source")  # any run with a checkpoint to start from
+    tuned = tmp_path / "tuned"
+    args = [*(a for a in run_args(small_text) if not a.startswith(("model.", "tokenizer."))), f"init_from={source}"]
+    finish(start([*args, f"hydra.run.dir={tuned}"], tmp_path, "kill:7"))
+    (tmp_path / "source").rename(tmp_path / "moved")
+    proc = run_script("train.py", f"resume={tuned}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert torch.load(tuned / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == STEPS
+
+
 # ---- sweeps and searches ------------------------------------------------------------------------------
+
+
+def test_a_sweep_stopped_by_ctrl_c_and_its_job_continued_as_printed(small_text, tmp_path):
+    args = ["-m", *run_args(small_text, "trainer.max_steps=400", "checkpoint.every_n_steps=20"), "optim.lr=1e-3,3e-3"]
+    proc = start(args, tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.time() + 300
+    while not list(tmp_path.glob("multirun/*/*/0/checkpoints/step-000020.ckpt")) and time.time() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    out, err = finish(proc)
+    assert proc.returncode == 0, err[-2000:]
+    (sweep,) = tmp_path.glob("multirun/*/*")
+    assert not (sweep / "1").exists()  # the sweep stopped with the job under way
+    rows = list(csv.DictReader(open(sweep / "summary.csv")))
+    assert [(r["run"], r["optim.lr"], r["finished"], r["best"]) for r in rows] == [("0", "0.001", "false", "")]
+
+    printed = [line.split("Continue with: ", 1)[1] for line in (out + err).splitlines() if "Continue with: " in line]
+    assert printed == [f"python train.py resume={sweep / '0'}"]
+    resumed = run_script(*shlex.split(printed[0])[1:], cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    rows = list(csv.DictReader(open(sweep / "summary.csv")))  # brought up to date by the continued job
+    assert [(r["run"], r["optim.lr"], r["finished"], r["best"]) for r in rows] == [("0", "0.001", "true", "*")]
+    result = json.loads((sweep / "0" / "result.json").read_text())
+    assert "optim.lr=0.001" in result["overrides"] and result["resumed_with"][0].startswith("resume=")
 
 
 def test_an_optuna_search_records_every_trial_and_the_best(small_text, tmp_path):

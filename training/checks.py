@@ -10,10 +10,12 @@ import functools
 import inspect
 import logging
 import math
+import tempfile
 import types
 import typing
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from model import GPTConfig
@@ -29,7 +31,14 @@ MISSING = "???"  # Hydra's mark for a value that must be given
 
 
 def shown(value: Any) -> str:
+    """A value as it is written on the command line: 'text', true, null, 0.001."""
+    if value is None:
+        return "null"
     return repr(value) if isinstance(value, str) else str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def bound(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
 
 
 @dataclass(frozen=True)
@@ -56,14 +65,14 @@ class Number:
         if value in self.also:
             return
         extra = f" (or {', '.join(map(str, self.also))}{' ' + self.also_means if self.also_means else ''})" if self.also else ""
-        for bound, fails, words in (
+        for limit, fails, words in (
             (self.min, lambda b: value < b, "at least"),
             (self.above, lambda b: value <= b, "above"),
             (self.max, lambda b: value > b, "at most"),
             (self.below, lambda b: value >= b, "below"),
         ):
-            if bound is not None and fails(bound):
-                raise SettingError(f"{key} must be {words} {bound:g}{extra}, got {value}")
+            if limit is not None and fails(limit):
+                raise SettingError(f"{key} must be {words} {bound(limit)}{extra}, got {value}")
 
 
 @dataclass(frozen=True)
@@ -113,8 +122,10 @@ class ListOf:
 class ValidationEvery:
     """trainer.val_check_interval: a number of steps, or a time ("dd:hh:mm:ss")."""
 
+    whole = True  # 1e3 is 1000 steps
+
     def check(self, key: str, value: Any) -> None:
-        if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and float(value).is_integer() and value >= 1:
             return
         if isinstance(value, (str, dict)):
             TimeSpan().check(key, value)
@@ -161,6 +172,19 @@ class Devices:
         raise SettingError(f"{key} must be a number of devices (1, 2, ..., or -1 for all), auto, or a list of device indices, got {shown(value)}")
 
 
+def check_writable(key: str, folder: str) -> None:
+    """A folder that can be made and written (it need not exist yet)."""
+    existing = Path(folder).expanduser().absolute()
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise SettingError(f"{key}={folder}: {existing} is a file, not a folder; choose a folder you can write to")
+    try:
+        tempfile.TemporaryDirectory(dir=existing).cleanup()
+    except OSError as err:
+        raise SettingError(f"{key}={folder}: cannot write in {existing} ({err.strerror}); choose a folder you can write to") from None
+
+
 def time_budget_seconds(max_time: Any, key: str = "trainer.max_time") -> float:
     """trainer.max_time ("dd:hh:mm:ss", or a dict of days/hours/minutes/seconds) in seconds."""
     hint = f"{key} must be dd:hh:mm:ss (e.g. 00:00:01:15 for 75 seconds)"
@@ -177,7 +201,8 @@ def time_budget_seconds(max_time: Any, key: str = "trainer.max_time") -> float:
     return timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds).total_seconds()
 
 
-STEPS = Number(whole=True, min=1)
+COUNT_LIMIT = 2**31 - 1  # counts beyond this are typos, and overflow the sizes torch and numpy take
+STEPS = Number(whole=True, min=1, max=COUNT_LIMIT)
 SEED = Number(whole=True, min=0, below=2**32)
 
 SPEC: dict[str, Any] = {
@@ -270,6 +295,7 @@ OWN_TRAINER_ARGUMENTS = {
     "default_root_dir": "the run folder is hydra.run.dir",
     "use_distributed_sampler": "the data module shards batches across processes itself",
     "limit_train_batches": "it would end training before trainer.max_steps with the schedule unfinished; lower trainer.max_steps",
+    "fast_dev_run": "it runs a batch or two with checkpoints and loggers off; try a setup with debug=default instead",
     "overfit_batches": "it would train on a few batches while the schedule and data order assume the whole run",
 }
 
@@ -277,9 +303,19 @@ OWN_TRAINER_ARGUMENTS = {
 # ---- the check ---------------------------------------------------------------------------------------
 
 
+# Settings a run cannot do without (a command line may not remove them with ~key).
+REQUIRED = ("seed", "compile", "tokens_per_step", "checkpoint.every_n_steps", "checkpoint.keep", "samples.enabled",
+            "optim.lr", "optim.weight_decay", "optim.betas", "optim.warmup_steps", "optim.schedule", "optim.min_lr_ratio",
+            "optim.max_nonfinite_in_a_row", "tokenizer.kind", "data.source", "data.batch_size", "data.cache_dir",
+            "trainer.max_steps", "trainer.max_time", "trainer.strategy", "trainer.enable_progress_bar", "trainer.val_check_interval")
+
+
 def check_values(values: dict[str, Any]) -> dict[str, Any]:
     """Check every setting of a composed config (a plain dict, interpolations resolved); returns a copy
     with whole numbers given as 1e3 or 5.0 made ints."""
+    missing = [key for key in REQUIRED if lookup(values, key) is ABSENT]
+    if missing:
+        raise SettingError(f"{missing[0]} is missing, and a run needs it; give it a value ({missing[0]}=...) instead of removing it")
     values = copy.deepcopy(values)
     for key, value in list(leaves(values)):
         if value == MISSING:
@@ -290,7 +326,7 @@ def check_values(values: dict[str, Any]) -> dict[str, Any]:
                 raise SettingError(f"{key} takes no settings, got {shown(value)}")
         elif spec is not None:
             spec.check(key, value)
-            if isinstance(spec, Number) and spec.whole and isinstance(value, float):
+            if getattr(spec, "whole", False) and isinstance(value, float):
                 put(values, key, int(value))
         elif key.startswith("trainer."):
             check_trainer_argument(key.split(".", 1)[1], value)
@@ -450,7 +486,6 @@ def probe_trainer(trainer_args: dict[str, Any], strategy: Any, precision: str) -
     """Build a Lightning Trainer from the arguments, as the run will, to let Lightning check them
     (it makes no folder and starts no process); returns the world size it would train on."""
     import lightning as L
-    from lightning.fabric.utilities.exceptions import MisconfigurationException
 
     quiet = logging.getLogger("lightning.pytorch.utilities.rank_zero")
     level = quiet.level
@@ -458,8 +493,8 @@ def probe_trainer(trainer_args: dict[str, Any], strategy: Any, precision: str) -
     try:
         trainer = L.Trainer(**{**trainer_args, "enable_progress_bar": False, "enable_model_summary": False}, strategy=strategy,
                             precision=precision, logger=False, enable_checkpointing=False, callbacks=[])
-    except (MisconfigurationException, ValueError, TypeError) as err:  # Lightning's own checks of trainer.*
-        raise SettingError(f"trainer settings: {str(err).strip().splitlines()[0]}") from None
+    except Exception as err:  # Lightning's own checks of trainer.*, or a package an accelerator or precision needs
+        raise SettingError(f"trainer settings: {(str(err).strip().splitlines() or [type(err).__name__])[0]}") from None
     finally:
         quiet.setLevel(level)
     return trainer.world_size

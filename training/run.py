@@ -30,7 +30,7 @@ from .loggers import build_loggers, finish_loggers
 from .module import GPTModule, TrainingDiverged
 from .run_folder import RunFolder, RunFolderError, claim
 from .settings import RunSettings, choose_strategy, resolve, resolve_resumed
-from .sweep import result_record
+from .sweep import result_record, summarize
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +105,15 @@ def save_settings(folder: RunFolder, settings: RunSettings) -> None:
 
 
 def record(folder: RunFolder, settings: RunSettings, result: RunResult, overrides: list[str]) -> None:
-    folder.write_result(result_record(folder, overrides, settings.saved(), result.metrics, result.finished))
+    """result.json, with the command line the run started with (and a resume's own beside it); the
+    summary of the sweep the run is a job of; the latest link."""
+    first = folder.first_overrides() if settings.resume_from else None
+    entry = result_record(folder, first if first is not None else overrides, settings.saved(), result.metrics, result.finished)
+    if settings.resume_from:
+        entry["resumed_with"] = overrides
+    folder.write_result(entry)
+    if settings.resume_from and folder.sweep():
+        summarize(folder.sweep())
     link = settings.values.get("latest_link")
     if link and result.last_checkpoint:
         folder.point_latest(Path(link))

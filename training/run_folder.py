@@ -24,6 +24,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from model.checkpoint import BEST_NAME, CHECKPOINTS_DIR, LAST_NAME, CheckpointError, checkpoint_step
 
 
@@ -115,9 +117,10 @@ class RunFolder:
         if owner:
             raise RunFolderError(f"{self.path} is a run being trained by {owner}; pick a new {chosen_by}")
         if self.holds_run() and self.has_checkpoint():
+            further = "train it further with resume={} trainer.max_steps=N" if self.is_finished() else "continue it with resume={}"
             raise RunFolderError(
                 f"{self.path} already holds a run; pick a new {chosen_by} (runs are never overwritten), "
-                f"or continue it with resume={self.path}"
+                f"or {further.format(self.path)}"
             )
         if self.started() and not restarting:
             raise RunFolderError(
@@ -143,6 +146,18 @@ class RunFolder:
 
     def write_result(self, result: dict[str, Any]) -> None:
         write_atomically(self.result_file, json.dumps(result, indent=2))
+
+    def first_overrides(self) -> list[str] | None:
+        """The command line the run was started with (Hydra's record of it), if it was started by train.py."""
+        try:
+            overrides = yaml.safe_load((self.path / ".hydra" / "overrides.yaml").read_text())
+        except (OSError, yaml.YAMLError):
+            return None
+        return [str(o) for o in overrides] if isinstance(overrides, list) else None
+
+    def sweep(self) -> Path | None:
+        """The sweep folder this run is a job of, if it is one (Hydra writes multirun.yaml at its root)."""
+        return self.path.parent if (self.path.parent / "multirun.yaml").is_file() else None
 
     # ---- checkpoints to continue from --------------------------------------------------------------
 
@@ -278,8 +293,14 @@ def folder_of(path: str | os.PathLike) -> RunFolder:
     """The run a resume= path names: the folder itself, or the run holding a checkpoint (links, such
     as outputs/latest, followed: the run is named by its own folder)."""
     path = Path(path).expanduser()
+    if path.is_dir() and path.name == CHECKPOINTS_DIR:
+        path = path.parent
     if path.is_dir():
-        return RunFolder(path.resolve())
+        folder = RunFolder(path.resolve())
+        if not folder.holds_run():
+            raise RunFolderError(f"resume={path}: this folder holds no run (no config.yaml, no checkpoints/); give a run "
+                                 "folder, a checkpoint in one, or resume=auto")
+        return folder
     if path.is_file() and path.parent.name == CHECKPOINTS_DIR:
         return RunFolder(path.parent.parent.resolve())
     if path.is_file():
@@ -333,13 +354,15 @@ def claim_new_folder(root: str | os.PathLike) -> Claim:
 
 
 def resumable_runs(root: str | os.PathLike) -> list[RunFolder]:
-    """Unfinished runs under root (named by time, or by their launcher) that have a checkpoint and that
-    no process is training, the most recently checkpointed first."""
+    """Unfinished runs under root (named by time, or by their launcher) that have a checkpoint, the most
+    recently checkpointed first (links such as root/latest are not runs of their own)."""
     found = []
     for settings in [*Path(root).expanduser().glob("*/config.yaml"), *Path(root).expanduser().glob("*/*/config.yaml")]:
+        if settings.parent.is_symlink() or settings.parent.parent.is_symlink():
+            continue
         folder = RunFolder(settings.parent)
         checkpoint = folder.checkpoint_to_resume() if folder.started() else None
-        if checkpoint is None or folder.is_finished() or folder.held_by():
+        if checkpoint is None or folder.is_finished():
             continue
         found.append((checkpoint.stat().st_mtime, folder))
     return [folder for _, folder in sorted(found, key=lambda item: item[0], reverse=True)]

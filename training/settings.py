@@ -25,7 +25,18 @@ from data.datamodule import check_sizes, corpus_key, prepare_corpus
 from model import ConfigError, GPTConfig
 from model.checkpoint import CheckpointError, DamagedCheckpoint, read_header
 
-from .checks import ABSENT, SPEC, SettingError, check_values, lookup, probe_trainer, put, shown, time_budget_seconds
+from .checks import (
+    ABSENT,
+    SPEC,
+    SettingError,
+    check_values,
+    check_writable,
+    lookup,
+    probe_trainer,
+    put,
+    shown,
+    time_budget_seconds,
+)
 from .init_from import Start, model_keys_in, start_from
 from .run_folder import SETTINGS_MARK as PREPARED
 
@@ -44,13 +55,15 @@ CHANGEABLE_ON_RESUME = (
     "trainer.enable_progress_bar", "trainer.enable_model_summary", "trainer.profiler",
     "trainer.accelerator", "trainer.devices", "trainer.num_nodes", "trainer.strategy", "trainer.precision", "compile",
     "data.num_proc", "data.num_workers", "data.cache_dir", "data.shard_chars",
+    "data.local_copies", "data.url",  # where Tiny Shakespeare is looked for; that it is the same text is checked
 )
 
 # Settings whose requested value means "work it out", and so matches whatever the run worked out.
 WORKED_OUT = {"model.vocab_size": None, "tokens_per_step": None, "trainer.accumulate_grad_batches": 1}
 
 # Settings that name local files (or lists of them): made absolute, so a run continues from any folder.
-PATH_KEYS = ("data.path", "data.val_path", "data.local_copies", "tokenizer.path", "init_from")
+PATH_KEYS = ("data.path", "data.val_path", "data.local_copies", "data.cache_dir", "tokenizer.path", "init_from",
+             "runs_root", "latest_link")
 
 # Trainer settings resolved here rather than passed to lightning.Trainer as they are.
 RESOLVED_TRAINER_KEYS = ("strategy", "precision", "accumulate_grad_batches")
@@ -129,17 +142,19 @@ def choose_strategy(name: Any):
 _CHECKED: dict[str, tuple[dict[str, Any], int]] = {}  # what check() found for a config, in this process
 
 
-def check(values: dict[str, Any]) -> tuple[dict[str, Any], int]:
-    """Every setting checked, paths made absolute, precision chosen and, unless init_from will set the
-    shape, the global batch worked out for the devices Lightning would use; nothing is made. Returns
-    (values, world size). train.py checks a command line before it makes a folder, then the run
-    resolves it: the same config is checked once per process."""
-    key = json.dumps(values, sort_keys=True, default=str)
+def check(values: dict[str, Any], new_run: bool = True) -> tuple[dict[str, Any], int]:
+    """Every setting checked, paths made absolute, precision chosen and the world size Lightning would
+    use found; nothing is made. Returns (values, world size). For a new run without init_from (which
+    settles the shape later) the global batch is checked too. A continued run (not `new_run`) no longer
+    needs what init_from named: its weights are in its own checkpoint. train.py checks a command line
+    before it makes a folder, then the run resolves it: the same config is checked once per process."""
+    key = json.dumps([values, new_run], sort_keys=True, default=str)
     if key not in _CHECKED:
         values = check_values(values)
         init_from = values.get("init_from")
-        if init_from and not Path(init_from).expanduser().exists():
+        if new_run and init_from and not Path(init_from).expanduser().exists():
             raise CheckpointError(f"init_from={init_from} does not exist; pass a .ckpt file, a run folder or a Hugging Face folder")
+        check_writable("data.cache_dir", values["data"]["cache_dir"])
         for name in PATH_KEYS:
             if lookup(values, name) is not ABSENT:
                 put(values, name, absolute(lookup(values, name)))
@@ -151,7 +166,7 @@ def check(values: dict[str, Any]) -> tuple[dict[str, Any], int]:
             raise SettingError("trainer.accelerator=mps: MPS is not available here; use trainer.accelerator=cpu or auto")
         trainer["precision"] = choose_precision(trainer.get("precision"))
         world_size = probe_trainer(trainer_arguments(trainer), choose_strategy(trainer.get("strategy", "auto")), trainer["precision"])
-        if not values.get("init_from"):
+        if new_run and not values.get("init_from"):
             global_batch(values, world_size)
         _CHECKED[key] = (values, world_size)
     values, world_size = _CHECKED[key]
@@ -224,8 +239,16 @@ def continue_settings(checkpoint: Path, requested: dict[str, Any], named: Iterab
     run = checkpoint.parent.parent
     values = continue_values(saved, requested, expand(named, requested, saved), run)
     check_continuation(values, header["step"])
-    values, world_size = check(values)
-    global_batch(values, world_size)
+    values, world_size = check(values, new_run=False)
+    try:
+        global_batch(values, world_size)
+    except SettingError:
+        batch, block = values["data"]["batch_size"], values["model"]["block_size"]
+        raise SettingError(
+            f"this run's global batch, tokens_per_step={values['tokens_per_step']}, cannot be shared by {world_size} "
+            f"devices: each takes data.batch_size x model.block_size = {batch} x {block} = {batch * block} tokens at "
+            "least; continue it on fewer devices"
+        ) from None
     tokenizer = Tokenizer.from_str(header["tokenizer"]) if header.get("tokenizer") else None
     if prepared:
         data = OmegaConf.create(values["data"])
@@ -278,6 +301,7 @@ def continue_values(saved: dict[str, Any], requested: dict[str, Any], named: Ite
     """The saved settings, with the named settings that may change on resume taken from the command
     line. A named setting that contradicts the saved run is refused, naming both values."""
     values = copy.deepcopy(saved)
+    named = list(named)
     for key in named:
         if key.split(".")[0] in LAUNCH_KEYS:
             continue
@@ -286,8 +310,9 @@ def continue_values(saved: dict[str, Any], requested: dict[str, Any], named: Ite
             put(values, key, want)
         elif differs(key, want, have):
             raise SettingError(contradiction(key, want, have, saved, requested, run))
-    for key in LAUNCH_KEYS:
-        values[key] = requested.get(key)
+    values["resume"] = requested.get("resume")
+    if "latest_link" in named:  # else the link the run has always updated
+        values["latest_link"] = requested.get("latest_link")
     if values.get("tokens_per_step") is not None:
         values["trainer"]["accumulate_grad_batches"] = 1  # follows from tokens_per_step and this launch's devices
     return values
@@ -297,11 +322,9 @@ def check_continuation(values: dict[str, Any], step: int) -> None:
     """A continued run with a step limit must have steps left to train."""
     max_steps = values["trainer"]["max_steps"]
     if 0 < max_steps <= step:
-        finished = "is finished" if max_steps == step else "is past that"
-        raise SettingError(
-            f"trainer.max_steps={max_steps}: the run {finished} (its checkpoint is at step {step}); give a larger "
-            "trainer.max_steps to train it further"
-        )
+        where = f"finished: it reached trainer.max_steps={max_steps}" if max_steps == step else \
+            f"already at step {step}, past trainer.max_steps={max_steps}"
+        raise SettingError(f"the run is {where}; give a larger trainer.max_steps to train it further")
 
 
 def matches(requested: dict[str, Any], saved: dict[str, Any], named: Iterable[str]) -> bool:

@@ -17,7 +17,7 @@ from typing import Any
 
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from .run_folder import RunFolder, write_atomically
 
@@ -50,7 +50,7 @@ def summarize(sweep_dir: Path) -> dict[str, Any] | None:
         "runs": results,
     }
     write_atomically(Path(sweep_dir) / "summary.json", json.dumps(summary, indent=2))
-    swept = swept_settings(results)
+    swept = swept_settings(results, Path(sweep_dir))
     metric_names = [m for m in METRICS if any(m in r["metrics"] for r in results)]
     rows = [["run", *swept, *metric_names, "finished", "best"]]
     for r in results:
@@ -65,7 +65,8 @@ def summarize(sweep_dir: Path) -> dict[str, Any] | None:
 
 
 def best_result(results: list[dict[str, Any]]) -> dict[str, Any] | None:
-    scored = [r for r in results if math.isfinite(r["metrics"].get(OBJECTIVE, math.inf))]
+    """The finished job with the lowest objective."""
+    scored = [r for r in results if r["finished"] and math.isfinite(r["metrics"].get(OBJECTIVE, math.inf))]
     return min(scored, key=lambda r: r["metrics"][OBJECTIVE]) if scored else None
 
 
@@ -73,11 +74,26 @@ def overrides_as_dict(result: dict[str, Any]) -> dict[str, str]:
     return dict(o.lstrip("+").split("=", 1) for o in result["overrides"] if "=" in o)
 
 
-def swept_settings(results: list[dict[str, Any]]) -> list[str]:
-    """The override keys whose values differ between runs (what the sweep varied)."""
+def swept_settings(results: list[dict[str, Any]], sweep_dir: Path | None = None) -> list[str]:
+    """What the sweep varies: the settings its command line sweeps and its sweeper searches (from
+    Hydra's record, multirun.yaml), and any override whose value differs between jobs."""
     per_run = [overrides_as_dict(r) for r in results]
     keys = dict.fromkeys(k for settings in per_run for k in settings)
-    return [k for k in keys if len({settings.get(k) for settings in per_run}) > 1]
+    varied = [k for k in keys if len({settings.get(k) for settings in per_run}) > 1]
+    return list(dict.fromkeys([*declared_sweep(sweep_dir), *varied])) if sweep_dir else varied
+
+
+def declared_sweep(sweep_dir: Path) -> list[str]:
+    try:
+        hydra = OmegaConf.load(Path(sweep_dir) / "multirun.yaml").hydra
+        task = list(hydra.overrides.task)
+        searched = list((OmegaConf.select(hydra, "sweeper.params") or {}).keys())
+    except Exception:  # no record, or one of another shape: the values alone tell
+        return []
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    swept = [o.key_or_group for o in OverridesParser.create().parse_overrides(task) if o.is_sweep_override()]
+    return [*swept, *(str(key) for key in searched)]
 
 
 def job_order(path: Path) -> tuple[int, str]:
@@ -99,7 +115,7 @@ class SweepSummary(Callback):
             log.warning("no run of the sweep in %s finished; no summary written", sweep_dir)
             return
         log.info("sweep summary: %s", sweep_dir / "summary.csv")
-        swept = swept_settings(summary["runs"])
+        swept = swept_settings(summary["runs"], sweep_dir)
         for r in summary["runs"]:
             settings = " ".join(o for o in r["overrides"] if o.lstrip("+").partition("=")[0] in swept) or "(defaults)"
             metrics = ", ".join(f"{m} {r['metrics'][m]:.4f}" for m in METRICS if m in r["metrics"]) or r.get("error", "")
