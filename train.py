@@ -21,13 +21,11 @@ from pathlib import Path
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from lightning.fabric.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from model.checkpoint import CheckpointError, read_header
 from training.checks import SettingError, check_writable, trainer_parameters
-from training.checkpointing import CheckpointSaveError
-from training.run import USER_ERRORS, describe_metrics, train
+from training.errors import USER_ERRORS, CheckpointSaveError
 from training.run_folder import (
     SWEEPS_ROOT,
     RunFolder,
@@ -38,6 +36,7 @@ from training.run_folder import (
     folder_of,
     launcher_folder,
     launcher_restarted,
+    process_rank,
     resumable_runs,
 )
 from training.settings import check, continue_settings, differing_leaves, expand, matches, named_leaves
@@ -129,8 +128,9 @@ def unknown_setting(key: str, defaults: dict, overrides: list[str]) -> str:
 
     group = key.split(".")[0]
     choice = next((o.split("=", 1)[1] for o in overrides if "=" in o and o.lstrip("+").split("=")[0] == group), None)
-    known = differing_leaves(defaults, {}) + [f"trainer.{name}" for name in trainer_parameters()]
-    close = difflib.get_close_matches(key, known, n=1, cutoff=0.75)
+    close = difflib.get_close_matches(key, differing_leaves(defaults, {}), n=1, cutoff=0.75)
+    if not close and group == "trainer":  # Lightning's other arguments (loading Lightning takes seconds)
+        close = difflib.get_close_matches(key, [f"trainer.{name}" for name in trainer_parameters()], n=1, cutoff=0.75)
     if close and close[0] == key and choice:  # a setting of the default choice, not of the one given
         return f"unknown setting '{key}': {group}={choice} has no such setting (python train.py {group}={choice} --cfg job lists its settings)"
     hint = f" (did you mean {close[0]}?)" if close and close[0] != key else ""
@@ -172,7 +172,7 @@ class Launch:
         self.hydra_overrides = [o for o in self.overrides if o.lstrip("+~").startswith("hydra.")]
         self.hydra = {k: v.strip("'\"") for k, v in (o.lstrip("+").split("=", 1) for o in self.hydra_overrides if "=" in o)}
         self.multirun = any(f in ("-m", "--multirun") for f in self.flags)
-        self.first = rank_zero_only.rank == 0  # of the processes of a multi-process launch
+        self.first = process_rank() == 0  # of the processes of a multi-process launch
 
     def hydra_args(self) -> list[str]:
         """Check the command line and choose its folder; the arguments to give Hydra."""
@@ -341,6 +341,8 @@ def named_settings(overrides: list[str], requested: dict, defaults: dict) -> lis
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="train")
 def main(cfg: DictConfig) -> float | None:
+    from training.run import describe_metrics, train  # Lightning: loaded once the command line is known to be good
+
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
     overrides = list(hydra_cfg.overrides.task)
@@ -359,7 +361,7 @@ def main(cfg: DictConfig) -> float | None:
         run_dir.mkdir(parents=True, exist_ok=True)
         RunFolder(run_dir).write_result(result_record(RunFolder(run_dir), overrides, requested, {}, False, str(err)))
         return math.inf
-    if rank_zero_only.rank != 0:
+    if process_rank() != 0:
         return result.metrics.get("val/bpc")
     if not result.finished:
         log.warning("stopped by %s at step %d; checkpoint saved. Continue with: python train.py resume=%s",

@@ -1,9 +1,8 @@
-"""The LightningDataModule: text -> tokenizer -> cached token ids -> windows of block_size + 1."""
+"""The LightningDataModule: windows of block_size + 1 tokens from a prepared corpus (data.prepare)."""
 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 
 import lightning as L
@@ -12,10 +11,8 @@ import torch
 from tokenizers import Tokenizer
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from .cache import TokenCache, build_cache, find_cache, fingerprint
-from .errors import DataError
-from .prepare import prepare_tokens, tokenizer_identity
-from .sources import Source, describe
+from .cache import TokenCache
+from .prepare import check_sizes, prepare_corpus, tokens_per_char
 
 log = logging.getLogger(__name__)
 
@@ -71,71 +68,6 @@ class ContiguousWindows(Dataset):
         start = index * self.block_size
         window = torch.from_numpy(self.ids[start : start + self.block_size + 1].astype(np.int64))
         return window[:-1], window[1:]
-
-
-def prepare_corpus(data_cfg, tokenizer_cfg, given: Tokenizer | None = None, progress: Callable[[dict], None] | None = None) -> TokenCache:
-    """The token cache entry of this data and tokenizer: found, or made now (tokenizer, then token ids).
-    `given`: a ready tokenizer (e.g. a fine-tuned checkpoint's), used instead of one built from tokenizer_cfg."""
-    source, key = corpus_key(data_cfg, tokenizer_cfg, given)
-    cache = find_cache(data_cfg.cache_dir, key)
-    if cache is not None:
-        log.info("using cached tokens of %s from %s", source.label, cache.folder)
-        return cache
-    log.info("tokenizing %s once; later runs with the same data and tokenizer reuse the result", source.label)
-    started = time.perf_counter()
-    report = ProgressReport(progress)
-    cache = build_cache(
-        data_cfg.cache_dir,
-        key,
-        lambda staging: prepare_tokens(
-            staging,
-            source,
-            tokenizer_cfg,
-            given,
-            num_proc=data_cfg.get("num_proc"),
-            shard_chars=data_cfg.get("shard_chars"),  # characters per shard; smaller resumes more finely
-            progress=report,
-        ),
-    )
-    meta = cache.meta
-    log.info(
-        "%s: %s training and %s validation tokens (%.1f s) in %s",
-        source.label, f"{meta['train_tokens']:,}", f"{meta['val_tokens']:,}", time.perf_counter() - started, cache.folder,
-    )
-    return cache
-
-
-def corpus_key(data_cfg, tokenizer_cfg, given: Tokenizer | None = None) -> tuple[Source, str]:
-    """The text's source and the key of its token cache entry, found without reading the text."""
-    source = describe(data_cfg)
-    return source, fingerprint(source.identity, tokenizer_identity(tokenizer_cfg, given))
-
-
-class ProgressReport:
-    """Called as each shard is finished: passes the record on, and logs how far tokenizing is every 10 s."""
-
-    def __init__(self, progress: Callable[[dict], None] | None):
-        self.progress, self.tokenized_chars, self.last_report = progress, 0, time.monotonic()
-
-    def __call__(self, record: dict) -> None:
-        if self.progress is not None:
-            self.progress(record)
-        self.tokenized_chars += record["train_chars"] + record["val_chars"]
-        if time.monotonic() - self.last_report >= 10:
-            log.info("tokenized %.1f M characters so far", self.tokenized_chars / 1e6)
-            self.last_report = time.monotonic()
-
-
-def check_sizes(cache: TokenCache, block_size: int) -> None:
-    """Each split must hold at least one window of block_size + 1 tokens."""
-    need = block_size + 1
-    for split in ("train", "val"):
-        have = cache.meta[f"{split}_tokens"]
-        if have < need:
-            raise DataError(
-                f"the {split} split has {have} tokens, fewer than block_size + 1 = {need}; use more text, "
-                f"a larger data.val_fraction, or a smaller model.block_size"
-            )
 
 
 class TextDataModule(L.LightningDataModule):
@@ -246,12 +178,6 @@ class TextDataModule(L.LightningDataModule):
             pin_memory=torch.cuda.is_available(),
             persistent_workers=workers > 0,
         )
-
-
-def tokens_per_char(cache: TokenCache) -> float:
-    """Validation tokens per character: converts a mean loss per token into one per character."""
-    meta = cache.meta
-    return meta["val_tokens"] / max(1, meta["val_chars"])
 
 
 def batches_for(max_steps: int, accumulate: int) -> int:

@@ -10,7 +10,8 @@ import torch
 
 from model import GPT
 from model.checkpoint import load_checkpoint
-from training.run import SettingError, train
+from training.checks import SettingError
+from training.run import train
 
 from .common import ROOT, TINY, compose_config, run_script
 

@@ -18,13 +18,10 @@ import torch
 from lightning.fabric.plugins import TorchCheckpointIO
 
 from . import failpoints
+from .errors import CheckpointSaveError
 from .run_folder import RunFolder
 
 log = logging.getLogger(__name__)
-
-class CheckpointSaveError(RuntimeError):
-    """A checkpoint could not be written; the message says what is intact and what to do."""
-
 
 def fsync_dir(folder: Path) -> None:
     fd = os.open(folder, os.O_RDONLY)

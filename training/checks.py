@@ -185,6 +185,15 @@ def check_writable(key: str, folder: str) -> None:
         raise SettingError(f"{key}={folder}: cannot write in {existing} ({err.strerror}); choose a folder you can write to") from None
 
 
+@dataclass(frozen=True)
+class Precision:
+    """trainer.precision: null (chosen per device) or a Lightning precision; Lightning checks the name."""
+
+    def check(self, key: str, value: Any) -> None:
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (str, int))):
+            raise SettingError(f"{key} must be a Lightning precision such as 32-true, bf16-mixed or 16-mixed, got {shown(value)}")
+
+
 def time_budget_seconds(max_time: Any, key: str = "trainer.max_time") -> float:
     """trainer.max_time ("dd:hh:mm:ss", or a dict of days/hours/minutes/seconds) in seconds."""
     hint = f"{key} must be dd:hh:mm:ss (e.g. 00:00:01:15 for 75 seconds)"
@@ -277,6 +286,7 @@ SPEC: dict[str, Any] = {
     "trainer.strategy": Text(),
     "trainer.devices": Devices(),
     "trainer.num_nodes": STEPS,
+    "trainer.precision": Precision(),
 }
 
 # What a value of "???" needs, for the settings that have no default.

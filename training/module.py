@@ -15,6 +15,7 @@ from model import GPT, GPTConfig
 from model.checkpoint import describe_model
 
 from . import failpoints
+from .errors import TrainingDiverged
 from .optim import TimeBudgetSchedule, lr_factor, make_adamw
 
 log = logging.getLogger(__name__)
@@ -195,10 +196,6 @@ class GPTModule(L.LightningModule):
             set_rng_states(checkpoint["rng_states"])
         counts = checkpoint.get("nonfinite", {})
         self.skipped_steps, self.nonfinite_in_a_row = counts.get("skipped", 0), counts.get("in_a_row", 0)
-
-
-class TrainingDiverged(RuntimeError):
-    """Too many non-finite losses in a row; the message says what to change."""
 
 
 def rng_states() -> dict[str, Any]:

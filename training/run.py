@@ -17,26 +17,19 @@ from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf
 
-from data import DataError
 from data.datamodule import TextDataModule, batches_for, tokens_per_char
-from model import ConfigError
-from model.checkpoint import CheckpointError
 
 from .callbacks import LossCurve, ProgressBar, TextSamples, Throughput, ValidateAtEnd
-from .checkpointing import AtomicCheckpointIO, CheckpointSaveError, GracefulStop, PeriodicCheckpoints
-from .checks import SettingError
+from .checkpointing import AtomicCheckpointIO, GracefulStop, PeriodicCheckpoints
+from .errors import USER_ERRORS
 from .init_from import Start
 from .loggers import build_loggers, finish_loggers
-from .module import GPTModule, TrainingDiverged
-from .run_folder import RunFolder, RunFolderError, claim
+from .module import GPTModule
+from .run_folder import RunFolder, claim
 from .settings import RunSettings, choose_strategy, resolve, resolve_resumed
 from .sweep import result_record, summarize
 
 log = logging.getLogger(__name__)
-
-# Errors that come from what a user asked for: one line each, no traceback.
-USER_ERRORS = (ConfigError, DataError, CheckpointError, SettingError, RunFolderError, CheckpointSaveError, TrainingDiverged)
-
 
 @dataclass
 class RunResult:

@@ -330,6 +330,14 @@ def launcher_folder(runs_root: str | os.PathLike, environ=os.environ) -> RunFold
     return RunFolder(Path(runs_root) / name) if name else None
 
 
+def process_rank(environ=os.environ) -> int:
+    """This process's rank in a multi-process launch (0 alone), read as Lightning reads it."""
+    for key in ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK"):  # LOCAL_RANK before SLURM's
+        if environ.get(key) is not None:
+            return int(environ[key])
+    return 0
+
+
 def launcher_restarted(environ=os.environ) -> bool:
     """Whether this launch is a scheduler's restart of an earlier one: a requeued SLURM job, or
     workers torchrun started again."""

@@ -21,7 +21,7 @@ from tokenizers import Tokenizer
 
 from data import DataError
 from data.cache import TokenCache, discard
-from data.datamodule import check_sizes, corpus_key, prepare_corpus
+from data.prepare import check_sizes, corpus_key, prepare_corpus
 from model import ConfigError, GPTConfig
 from model.checkpoint import CheckpointError, DamagedCheckpoint, read_header
 

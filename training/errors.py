@@ -1,0 +1,23 @@
+"""The errors a user's command line, settings, data or files can cause: each says, in one line, what
+was wrong and what to do, and train.py prints it without a traceback. Kept free of Lightning, so a
+command line is refused without loading it."""
+
+from __future__ import annotations
+
+from data import DataError
+from model import ConfigError
+from model.checkpoint import CheckpointError
+
+from .checks import SettingError
+from .run_folder import RunFolderError
+
+
+class CheckpointSaveError(RuntimeError):
+    """A checkpoint could not be written; the message says what is intact and what to do."""
+
+
+class TrainingDiverged(RuntimeError):
+    """Training cannot go on: too many non-finite losses in a row, or weights no longer finite."""
+
+
+USER_ERRORS = (ConfigError, DataError, CheckpointError, SettingError, RunFolderError, CheckpointSaveError, TrainingDiverged)
