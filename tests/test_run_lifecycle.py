@@ -8,6 +8,7 @@ import csv
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -81,13 +82,15 @@ def reference(tmp_path_factory, small_text) -> Path:
     return run
 
 
-def stopped_run(small_text: Path, cwd: Path, failpoint: str = "kill:7", *extra: str) -> Path:
-    """The run, killed part way (after step 7: its newest checkpoint is step 6)."""
-    before = runs_under(cwd / "outputs")
-    proc = start(run_args(small_text, *extra), cwd, failpoint)
+def stopped_run(small_text: Path, cwd: Path, failpoint: str = "kill:7", *extra: str, root: Path | None = None) -> Path:
+    """The run, killed part way (after step 7: its newest checkpoint is step 6), under root (default:
+    outputs in cwd)."""
+    root = root or cwd / "outputs"
+    before = runs_under(root)
+    proc = start(run_args(small_text, *extra, f"runs_root={root}"), cwd, failpoint)
     finish(proc)
     assert proc.returncode == -signal.SIGKILL
-    (run,) = set(runs_under(cwd / "outputs")) - set(before)
+    (run,) = set(runs_under(root)) - set(before)
     return run
 
 
@@ -173,9 +176,8 @@ def test_a_resumed_run_may_run_longer_and_keeps_its_first_settings_file(small_te
     assert last["global_step"] == 16 and last["tinygpt2"]["config"]["trainer"]["max_steps"] == 16
     assert (run / "config.yaml").read_bytes() == settings  # the settings it started with, never rewritten
     assert yaml.safe_load(settings)["trainer"]["max_steps"] == STEPS
-    again = run_script("train.py", f"resume={run}", cwd=tmp_path)  # its newest checkpoint knows it was extended
-    assert again.returncode == 1
-    assert "the run is finished: it reached trainer.max_steps=16; give a larger trainer.max_steps" in one_error_line(again.stderr)
+    again = train.check_command_line([f"resume={run}"])  # its newest checkpoint knows it was extended
+    assert again == "the run is finished: it reached trainer.max_steps=16; give a larger trainer.max_steps to train it further"
 
 
 def test_a_run_killed_after_best_ckpt_and_before_any_step_file_resumes_from_it(small_text, reference, tmp_path):
@@ -191,42 +193,34 @@ def test_a_run_killed_after_best_ckpt_and_before_any_step_file_resumes_from_it(s
     assert losses(run) == losses(reference)
 
 
-def test_resume_auto_finds_the_run_from_another_folder_and_not_through_the_latest_link(small_text, tmp_path):
+def test_resume_auto_continues_the_run_with_these_settings_from_any_folder(small_text, tmp_path, monkeypatch):
     runs = tmp_path / "runs"
-    args = [*run_args(small_text), f"runs_root={runs}", f"latest_link={runs}/latest"]
-    first = start(args, tmp_path, "kill:7")
-    finish(first)
-    (run,) = runs_under(runs)
-    (runs / "latest").symlink_to(run)  # as an earlier finished command would have left it
-    elsewhere = tmp_path / "elsewhere"
+    slow = stopped_run(small_text, tmp_path, "kill:7", "optim.lr=1e-3", root=runs)
+    fast = stopped_run(small_text, tmp_path, "kill:7", "optim.lr=3e-3", root=runs)
+    (runs / "latest").symlink_to(slow)  # as an earlier command would have left it: a link, not a run of its own
+    asked = [*run_args(small_text, "optim.lr=3e-3"), f"runs_root={runs}", f"latest_link={runs}/latest", "resume=auto"]
+    monkeypatch.chdir(tmp_path)
+    new = train.Launch([*asked, "optim.lr=5e-3"], claim_folders=False).hydra_args()
+    assert not [a for a in new if a.startswith("resume=")]  # other settings: nothing to continue, a new run
+    monkeypatch.undo()
+
+    elsewhere = tmp_path / "elsewhere"  # relative defaults (data.local_copies) name other files here
     elsewhere.mkdir()
-    proc = run_script("train.py", *args, "resume=auto", cwd=elsewhere)  # relative defaults (local_copies) differ here
+    proc = run_script("train.py", *asked, cwd=elsewhere)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert runs_under(runs) == [run]
-    result = json.loads((run / "result.json").read_text())
-    assert result["finished"] and result["run_dir"] == str(run)  # the run's own folder, not the link
+    assert runs_under(runs) == sorted([slow, fast])
+    result = json.loads((fast / "result.json").read_text())
+    assert result["finished"] and result["run_dir"] == str(fast) and not (slow / "result.json").exists()
     assert not (elsewhere / "outputs").exists()
 
 
-def test_resume_auto_continues_the_run_with_these_settings(small_text, tmp_path):
-    slow = stopped_run(small_text, tmp_path, "kill:7", "optim.lr=1e-3")
-    fast = stopped_run(small_text, tmp_path, "kill:7", "optim.lr=3e-3")
-    assert train.check_command_line([*run_args(small_text, "optim.lr=3e-3"), "resume=auto"]) is None
-    proc = run_script("train.py", *run_args(small_text, "optim.lr=3e-3"), "resume=auto", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert json.loads((fast / "result.json").read_text())["finished"] and not (slow / "result.json").exists()
-    new = run_script("train.py", *run_args(small_text, "optim.lr=5e-3"), "resume=auto", cwd=tmp_path)  # nothing to continue
-    assert new.returncode == 0, new.stderr[-2000:]
-    assert len(runs_under(tmp_path / "outputs")) == 3
-
-
-def test_a_fine_tune_resumes_after_the_checkpoint_it_started_from_is_gone(small_text, tmp_path):
-    (tmp_path / "source").mkdir()
-    source = stopped_run(small_text, tmp_path / "source")  # any run with a checkpoint to start from
+def test_a_fine_tune_resumes_after_the_checkpoint_it_started_from_is_gone(small_text, reference, tmp_path):
+    source = tmp_path / "source"
+    shutil.copytree(reference, source)  # any run with a checkpoint to start from
     tuned = tmp_path / "tuned"
     args = [*(a for a in run_args(small_text) if not a.startswith(("model.", "tokenizer."))), f"init_from={source}"]
     finish(start([*args, f"hydra.run.dir={tuned}"], tmp_path, "kill:7"))
-    (tmp_path / "source").rename(tmp_path / "moved")
+    source.rename(tmp_path / "moved")
     proc = run_script("train.py", f"resume={tuned}", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert torch.load(tuned / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == STEPS
@@ -324,10 +318,10 @@ def test_a_second_process_on_a_running_run_is_refused(small_text, tmp_path):
         deadline = time.time() + 300
         while not (run / "checkpoints" / "step-000050.ckpt").exists() and time.time() < deadline:
             time.sleep(0.05)
-        for command in ([f"resume={run}"], [*args, f"hydra.run.dir={run}"]):
-            second = run_script("train.py", *command, cwd=tmp_path)
-            assert second.returncode == 1
-            assert f"being trained by process {proc.pid} on " in one_error_line(second.stderr)
+        second = run_script("train.py", f"resume={run}", cwd=tmp_path)
+        assert second.returncode == 1
+        assert f"being trained by process {proc.pid} on " in one_error_line(second.stderr)
+        assert f"being trained by process {proc.pid} on " in train.check_command_line([*args, f"hydra.run.dir={run}"])
     finally:
         proc.send_signal(signal.SIGINT)
         finish(proc)
@@ -359,16 +353,13 @@ def test_a_requeued_slurm_job_continues_its_run(small_text, reference, tmp_path,
     run = tmp_path / "outputs" / "slurm-4242"
     assert first.returncode == -signal.SIGKILL and (run / "checkpoints" / "step-000006.ckpt").is_file()
 
-    again = run_script("train.py", *run_args(small_text), cwd=tmp_path, env={**os.environ, **slurm})  # not a requeue
-    assert again.returncode == 1 and "already holds a run" in one_error_line(again.stderr)
-
-    from lightning.fabric.utilities.rank_zero import rank_zero_only
-
-    with monkeypatch.context() as patched:  # every task of the job decides alike: here the second one
-        for key, value in {**slurm, "SLURM_PROCID": "1", "SLURM_RESTART_COUNT": "1"}.items():
-            patched.setenv(key, value)
-        patched.setattr(rank_zero_only, "rank", 1)
+    with monkeypatch.context() as patched:
         patched.chdir(tmp_path)
+        for key, value in slurm.items():
+            patched.setenv(key, value)
+        assert "already holds a run" in train.check_command_line(run_args(small_text))  # not a requeue: refused
+        patched.setenv("SLURM_PROCID", "1")  # a requeue: every task of the job decides alike, here the second
+        patched.setenv("SLURM_RESTART_COUNT", "1")
         args = train.Launch(run_args(small_text), claim_folders=False).hydra_args()
     assert f"resume={run / 'checkpoints' / 'step-000006.ckpt'}" in args and f"hydra.run.dir={run}" in args
 
