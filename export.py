@@ -18,12 +18,11 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer
 
+from data.tokenizer import EOT
+from generation.checkpoint import NEWEST_RUN, CheckpointError, Loaded, load_checkpoint
 from model import GPT
-from model.checkpoint import CheckpointError, Loaded, load_checkpoint
 from model.hf import hf_config_dict, to_hf_state_dict
 
-DEFAULT_RUN = Path("outputs/latest")
-EOT = "<|endoftext|>"
 TOLERANCE = 1e-4
 FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 SAMPLE_TEXT = (
@@ -39,7 +38,7 @@ class ExportError(ValueError):
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="Write a checkpoint as a Hugging Face GPT-2 folder and check it with transformers.")
-    p.add_argument("--ckpt", type=Path, default=DEFAULT_RUN, help="a run folder, .ckpt file or Hugging Face folder (default: outputs/latest)")
+    p.add_argument("--ckpt", type=Path, default=NEWEST_RUN, help="a run folder, .ckpt file or Hugging Face folder (default: outputs/latest)")
     p.add_argument("--out", type=Path, required=True, help="the folder to write; must be new or empty")
     p.add_argument("--force", action="store_true", help="replace --out even if it already holds a Hugging Face model")
     return p.parse_args(argv)

@@ -12,19 +12,14 @@ import argparse
 import itertools
 import sys
 import tempfile
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer
 
-from generation.text import TextStream, token_label
-from model.checkpoint import CheckpointError, load_checkpoint
-
-DEFAULT_RUN = Path("outputs/latest")
-EOT = "<|endoftext|>"
-UNK = "<|unk|>"  # what a char tokenizer maps characters it never saw to
+from generation.checkpoint import CheckpointError, given_or_newest, load_checkpoint
+from generation.session import Completion, PromptError, Sampling, Session
+from generation.text import token_label
 
 
 class UsageError(ValueError):
@@ -99,98 +94,23 @@ def pick_device(name: str) -> torch.device:
     return device
 
 
-def encode_prompt(tokenizer: Tokenizer, prompt: str, start_token: int | None) -> list[int]:
-    if prompt:
-        encoding = tokenizer.encode(prompt, add_special_tokens=False)
-        unknown = unknown_characters(tokenizer, prompt, encoding)
-        if unknown:
-            shown = ", ".join(repr(c) for c in unknown)
-            raise UsageError(
-                f"the prompt has characters this model's tokenizer never saw in training: {shown}; "
-                "leave them out or replace them"
-            )
-        if encoding.ids:
-            return encoding.ids
-    if start_token is None:
-        raise UsageError("the prompt is empty and this tokenizer has no <|endoftext|> token to start from; give --prompt")
-    return [start_token]
-
-
-def unknown_characters(tokenizer: Tokenizer, prompt: str, encoding) -> list[str]:
-    """The distinct pieces of prompt that the tokenizer could only map to its unknown token."""
-    unk = tokenizer.token_to_id(UNK)
-    if unk is None:
-        return []
-    spans = [encoding.offsets[i] for i, token in enumerate(encoding.ids) if token == unk]
-    return list(dict.fromkeys(prompt[start:end] for start, end in spans))
-
-
-@dataclass
-class Result:
-    texts: list[str]  # the generated text of each sample, prompt not included
-    prompt_ids: list[int]
-    first_sample_ids: list[int] = field(default_factory=list)  # what sample 1 generated, for the picture
-    tokens: int = 0  # generated tokens, all samples together, up to where each stopped
-    seconds: float = 0.0
-    cache_length: int = 0  # positions the KV cache held at the last step
-
-
-def generate_text(
-    model, tokenizer: Tokenizer, prompt: str, args: argparse.Namespace, eot: int | None, generators, fresh_seeds=True, out=None
-) -> Result:
+def generate_text(session: Session, prompt: str, args: argparse.Namespace, generators, fresh_seeds=True, out=None) -> Completion:
     """Sample args.num_samples continuations of prompt in one batch, row i drawing with
     generators[i]; a single sample streams to out (default stdout). `fresh_seeds`: the generators
     have drawn nothing yet, so a batch's headers can name the seed that repeats each sample."""
     out = out or sys.stdout
-    device = model.transformer.wte.weight.device
-    prompt_ids = encode_prompt(tokenizer, prompt, eot)
-    n = args.num_samples
-    idx = torch.tensor([prompt_ids] * n, dtype=torch.long, device=device)
-    streams = [TextStream(tokenizer, args.stop) for _ in range(n)]
-    finished = [False] * n
-    result = Result([""] * n, prompt_ids)
-    live = n == 1  # one sample prints token by token; a batch prints each sample at the end
+    sampling = Sampling(args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.stop, not args.no_cache)
+    live = args.num_samples == 1  # one sample prints token by token; a batch prints each sample at the end
+    session.encode(prompt)  # a refused prompt prints nothing
     if live:
         out.write(prompt)
         out.flush()
 
-    started = time.perf_counter()
-    steps = model.stream(
-        idx,
-        args.max_new_tokens,
-        args.temperature,
-        args.top_k,
-        args.top_p,
-        use_cache=not args.no_cache,
-        generator=generators,
-        stop_tokens=None if eot is None else [eot],
-    )
-    for step_tokens in steps:
-        result.cache_length = model.cache_length()
-        for row, token in enumerate(step_tokens.tolist()):
-            if finished[row]:
-                continue
-            if token == eot:
-                finished[row] = True
-                continue
-            result.tokens += 1
-            if row == 0:
-                result.first_sample_ids.append(token)
-            piece = streams[row].add(token)
-            if live and piece:
-                out.write(piece)
-                out.flush()
-            finished[row] = streams[row].stopped
-        if all(finished):
-            steps.close()  # frees the KV cache now
-            break
-    result.seconds = time.perf_counter() - started
+    def show(text: str) -> None:
+        out.write(text)
+        out.flush()
 
-    for row, stream in enumerate(streams):
-        tail = stream.finish()
-        if live and tail:
-            out.write(tail)
-        result.texts[row] = stream.text
+    result = session.complete(prompt, sampling, args.num_samples, generators, on_text=show if live else None)
     if live:
         out.write("\n")
     else:
@@ -201,7 +121,7 @@ def generate_text(
     return result
 
 
-def summary(result: Result, args: argparse.Namespace, block_size: int, source: Path | None) -> str:
+def summary(result: Completion, args: argparse.Namespace, block_size: int, source: Path | None) -> str:
     rate = result.tokens / max(result.seconds, 1e-9)
     cache = "no cache" if args.no_cache else f"KV cache {result.cache_length}/{block_size} positions"
     return (
@@ -210,7 +130,7 @@ def summary(result: Result, args: argparse.Namespace, block_size: int, source: P
     )
 
 
-def save_attention(model, tokenizer: Tokenizer, result: Result, path: Path) -> str:
+def save_attention(model, tokenizer: Tokenizer, result: Completion, path: Path) -> str:
     """Draw the last layer's attention over sample 1's last window of tokens; returns a note for stderr."""
     from generation.attention_plot import save_attention_png
 
@@ -231,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         return run(args)
-    except (UsageError, CheckpointError) as err:
+    except (UsageError, PromptError, CheckpointError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
@@ -242,13 +162,12 @@ def main(argv: list[str] | None = None) -> int:
 def run(args: argparse.Namespace) -> int:
     check_args(args)
     device = pick_device(args.device)
-    loaded = load_checkpoint(checkpoint_path(args))
+    loaded = load_checkpoint(given_or_newest(args.ckpt))
     if loaded.tokenizer_json is None:
         raise CheckpointError(f"{loaded.path} carries no tokenizer, so its tokens cannot be turned into text")
     tokenizer = Tokenizer.from_str(loaded.tokenizer_json)
     model = loaded.model.to(device)
-    eot = tokenizer.token_to_id(EOT)
-    eot = loaded.eos_token_id if eot is None else eot
+    session = Session(model, tokenizer, loaded.eos_token_id)
 
     # sample i draws from its own generator, seeded seed + i once: in an interactive session the
     # first answer is what a one-off run prints, and later ones go on drawing, so that asking
@@ -259,13 +178,13 @@ def run(args: argparse.Namespace) -> int:
         prompts = itertools.chain([args.prompt] if args.prompt else [], read_prompts())
     for count, prompt in enumerate(prompts):
         try:
-            result = generate_text(model, tokenizer, prompt, args, eot, generators, fresh_seeds=count == 0)
+            result = generate_text(session, prompt, args, generators, fresh_seeds=count == 0)
         except KeyboardInterrupt:
             if not args.interactive:
                 raise
             print("\n[stopped]", file=sys.stderr)
             continue
-        except UsageError as err:
+        except PromptError as err:
             if not args.interactive:
                 raise
             print(f"error: {err}", file=sys.stderr)
@@ -280,6 +199,8 @@ def read_prompts():
     """Prompts typed on stdin, one a line (`\\n` in a line is a line break), until end of input
     (Ctrl-D) or Ctrl-C."""
     tty = sys.stdin.isatty()
+    if hasattr(sys.stdin, "reconfigure"):  # bytes that are not UTF-8 reach the prompt check, which names them
+        sys.stdin.reconfigure(errors="surrogateescape")
     if tty:
         print("type a prompt and press Enter; \\n makes a line break, Ctrl-C stops a sample, Ctrl-D quits", file=sys.stderr)
     while True:
@@ -293,12 +214,6 @@ def read_prompts():
             yield prompt
 
 
-def checkpoint_path(args: argparse.Namespace) -> Path:
-    if args.ckpt is not None:
-        return args.ckpt
-    if DEFAULT_RUN.exists():
-        return DEFAULT_RUN
-    raise UsageError(f"no run found at {DEFAULT_RUN}; train one with `python train.py` or pass --ckpt RUN_FOLDER")
 
 
 if __name__ == "__main__":

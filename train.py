@@ -23,7 +23,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from model.checkpoint import CheckpointError, read_header
+from generation.checkpoint import CheckpointError, read_header
 from training.checks import SettingError, check_writable, trainer_parameters
 from training.errors import USER_ERRORS, CheckpointSaveError
 from training.run_folder import (

@@ -2,6 +2,7 @@
 
     python bench/generate.py            # all three cases (the uncached GPT-2 run takes ~10 minutes)
     python bench/generate.py --quick    # fewer repeats, and the uncached comparison on 300 tokens
+    python bench/generate.py --device cuda   # on a GPU: GPT-2 small in float32 and bfloat16
 
 Both models hold the same random weights (ours, exported through model.hf into GPT2LMHeadModel).
 Greedy decoding, batch 1, a 16-token prompt; runs alternate between the two so that machine load
@@ -28,8 +29,9 @@ NANO = GPTConfig(n_layer=4, n_head=4, n_embd=128, block_size=1024, vocab_size=65
 GPT2_SMALL = GPTConfig(n_layer=12, n_head=12, n_embd=768, block_size=1024, vocab_size=50257)
 
 
-def twins(config: GPTConfig, seed: int = 0):
-    """Our GPT and a transformers GPT2LMHeadModel with the same random weights, both in eval mode."""
+def twins(config: GPTConfig, seed: int = 0, device: str = "cpu", dtype: torch.dtype = torch.float32):
+    """Our GPT and a transformers GPT2LMHeadModel with the same random weights, both in eval mode,
+    on `device` in `dtype`."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(seed)
@@ -37,7 +39,7 @@ def twins(config: GPTConfig, seed: int = 0):
     hf_config = {k: v for k, v in hf_config_dict(config).items() if k not in ("architectures", "model_type")}
     hf = GPT2LMHeadModel(GPT2Config(**hf_config)).eval()
     hf.load_state_dict(to_hf_state_dict(ours.state_dict(), config), strict=False)
-    return ours, hf
+    return ours.to(device, dtype), hf.to(device, dtype)
 
 
 def prompt(config: GPTConfig, seed: int = 1) -> torch.Tensor:
@@ -46,13 +48,22 @@ def prompt(config: GPTConfig, seed: int = 1) -> torch.Tensor:
 
 @torch.no_grad()
 def ours_generate(model: GPT, idx: torch.Tensor, n: int, use_cache: bool = True) -> tuple[torch.Tensor, float]:
+    synchronize(idx)
     start = time.perf_counter()
     out = model.generate(idx, n, temperature=0, use_cache=use_cache)
+    synchronize(idx)
     return out, time.perf_counter() - start
+
+
+def synchronize(tensor: torch.Tensor) -> None:
+    """Wait for the GPU's queued work, so a timing ends when the work does."""
+    if tensor.device.type == "cuda":
+        torch.cuda.synchronize(tensor.device)
 
 
 @torch.no_grad()
 def hf_generate(model, idx: torch.Tensor, n: int) -> tuple[torch.Tensor, float]:
+    synchronize(idx)
     start = time.perf_counter()
     out = model.generate(
         idx,
@@ -64,12 +75,13 @@ def hf_generate(model, idx: torch.Tensor, n: int) -> tuple[torch.Tensor, float]:
         pad_token_id=0,
         eos_token_id=None,
     )
+    synchronize(idx)
     return out, time.perf_counter() - start
 
 
-def versus(config: GPTConfig, new_tokens: int, repeats: int) -> dict:
-    ours, hf = twins(config)
-    idx = prompt(config)
+def versus(config: GPTConfig, new_tokens: int, repeats: int, device: str = "cpu", dtype=torch.float32) -> dict:
+    ours, hf = twins(config, device=device, dtype=dtype)
+    idx = prompt(config).to(device)
     ours_generate(ours, idx, 8)  # warm up both: first calls pay for allocations and kernel choice
     hf_generate(hf, idx, 8)
     ours_times, hf_times, same = [], [], True
@@ -118,10 +130,17 @@ def step_times(model: GPT, idx: torch.Tensor, n: int) -> list[float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repeats; uncached comparison on 300 tokens")
-    parser.add_argument("--cases", nargs="+", type=int, default=[1, 2, 3], choices=[1, 2, 3], help="which to run")
+    parser.add_argument("--cases", nargs="+", type=int, default=[1, 2, 3], choices=[1, 2, 3], help="which to run (CPU)")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="cuda: the GPU cases instead")
     args = parser.parse_args()
     repeats = 3 if args.quick else 5
     torch.manual_seed(0)
+    if args.device == "cuda":
+        if not torch.cuda.is_available():
+            sys.exit("error: --device cuda needs a CUDA GPU; this machine has none")
+        print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}")
+        gpu_cases(repeats)
+        return
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
 
     if 1 in args.cases:
@@ -134,6 +153,19 @@ def nano_case(repeats: int) -> None:
     print("\n1. nanoGPT CPU shape (4 layers, 4 heads, 128 wide, vocab 65, context 1024), 512 new tokens, greedy")
     r = versus(NANO, 512, repeats)
     print(f"   ours {r['ours']:9.1f} tok/s | transformers {r['hf']:9.1f} tok/s | ratio {r['ratio']:.2f}x (target >= 4) | same tokens: {r['same']}")
+
+
+def gpu_cases(repeats: int) -> None:
+    """GPT-2 small on one GPU, batch 1, greedy: ours (one CUDA graph replay per token) against
+    transformers' generate, in float32 and in bfloat16 (which must be at least as fast)."""
+    rates = {}
+    for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
+        print(f"\nGPU. GPT-2 small shape (124M), {name}, 256 new tokens, greedy, batch 1")
+        r = versus(GPT2_SMALL, 256, repeats, device="cuda", dtype=dtype)
+        rates[name] = r["ours"]
+        print(f"   ours {r['ours']:9.1f} tok/s (target >= 2000) | transformers {r['hf']:9.1f} tok/s | "
+              f"ratio {r['ratio']:.2f}x (target >= 10) | same tokens: {r['same']}")
+    print(f"\n   bfloat16 / float32: {rates['bfloat16'] / rates['float32']:.2f} (target >= 1)")
 
 
 def gpt2_cases(repeats: int, cases: list[int], quick: bool) -> None:

@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 from .errors import DataError
 
@@ -79,10 +79,8 @@ def load_pretrained(path: str | os.PathLike | None) -> Tokenizer:
     if path.is_dir():
         if (path / "tokenizer.json").is_file():
             tokenizer = read_tokenizer_json(path / "tokenizer.json")
-        elif (path / "vocab.json").is_file() and (path / "merges.txt").is_file():
-            tokenizer = Tokenizer(models.BPE.from_file(str(path / "vocab.json"), str(path / "merges.txt")))
-            tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-            tokenizer.decoder = decoders.ByteLevel()
+        elif has_gpt2_files(path):
+            tokenizer = read_gpt2_files(path)
         else:
             raise DataError(
                 f"tokenizer.path folder {path} holds no tokenizer.json (nor vocab.json + merges.txt); "
@@ -97,6 +95,27 @@ def load_pretrained(path: str | os.PathLike | None) -> Tokenizer:
     tokenizer.no_truncation()
     tokenizer.no_padding()
     tokenizer.add_special_tokens([EOT])  # keeps the id the vocabulary gives it, if it has one
+    return tokenizer
+
+
+def has_gpt2_files(folder: Path) -> bool:
+    return (folder / "vocab.json").is_file() and (folder / "merges.txt").is_file()
+
+
+def read_gpt2_files(folder: Path) -> Tokenizer:
+    """The byte-level BPE of GPT-2's original release files, `vocab.json` and `merges.txt`.
+    `<|endoftext|>`, when the vocabulary has it, is a special token. Raises OSError or ValueError
+    (with the library's words) for files it cannot read."""
+    try:
+        bpe = models.BPE.from_file(str(folder / "vocab.json"), str(folder / "merges.txt"))
+    except Exception as err:  # the library raises its own Exception for malformed files
+        raise ValueError(f"{folder}: vocab.json or merges.txt cannot be read ({err})") from None
+    tokenizer = Tokenizer(bpe)
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    if tokenizer.token_to_id(EOT) is not None:
+        tokenizer.add_special_tokens([EOT])
     return tokenizer
 
 

@@ -9,36 +9,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+if TYPE_CHECKING:
+    from generation.sampling import Generators
+
+from .cache import KVCache
 from .config import GPTConfig
-from .decode import OneTokenStep
-from .sampling import Generators, check_sampling, sample
-
-
-class KVCache:
-    """Keys and values of one attention layer, preallocated and written by position.
-
-    Decoding writes one position per step into the same buffers, so nothing is copied or
-    regrown as the sequence gets longer.
-    """
-
-    def __init__(self, batch_size: int, n_head: int, max_len: int, head_size: int, device, dtype):
-        # keys and values side by side, (B, 2, nh, max_len, hs), so that one copy writes both
-        self.kv = torch.zeros((batch_size, 2, n_head, max_len, head_size), device=device, dtype=dtype)
-        self.k, self.v = self.kv[:, 0], self.kv[:, 1]  # views, (B, nh, max_len, hs)
-        self.length = 0  # positions filled so far
-
-    def update(self, start_pos: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write k, v (B, nh, T, hs) at positions start_pos.. and return all filled positions."""
-        end = start_pos + k.size(2)
-        self.k[:, :, start_pos:end] = k
-        self.v[:, :, start_pos:end] = v
-        self.length = end
-        return self.k[:, :, :end], self.v[:, :, :end]
 
 
 def causal_mask(n_queries: int, n_keys: int, device) -> torch.Tensor:
@@ -60,7 +41,9 @@ class CausalSelfAttention(nn.Module):
         self.resid_dropout = nn.Dropout(config.dropout)
         self.kv_cache: KVCache | None = None  # only set while generating
 
-    def forward(self, x: torch.Tensor, start_pos: int = 0, need_weights: bool = False):
+    def forward(self, x: torch.Tensor, start_pos: int = 0, weights: list | None = None) -> torch.Tensor:
+        """x (B, T, C), whose first position is start_pos, -> (B, T, C). `weights`: a list that the
+        attention weights (B, nh, T, S) are appended to."""
         B, T, C = x.size()
         q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
         q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
@@ -68,35 +51,33 @@ class CausalSelfAttention(nn.Module):
         v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
         if self.kv_cache is not None:
             k, v = self.kv_cache.update(start_pos, k, v)  # (B, nh, S, hs), S = start_pos + T
-
-        weights = None
-        if need_weights or self.kernel == "explicit":
-            y, weights = self.explicit_attention(q, k, v)
-        else:
-            y = self.fused_attention(q, k, v)
-
+        y = self.attend(q, k, v, weights=weights)  # (B, nh, T, hs)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # heads side by side again
-        y = self.resid_dropout(self.c_proj(y))
-        return (y, weights) if need_weights else y
+        return self.resid_dropout(self.c_proj(y))
 
-    def explicit_attention(self, q, k, v) -> tuple[torch.Tensor, torch.Tensor]:
-        """The attention of the GPT-2 paper, step by step; returns y and the weights (B, nh, T, S)."""
+    def attend(self, q, k, v, mask: torch.Tensor | None = None, weights: list | None = None) -> torch.Tensor:
+        """Queries q (B, nh, T, hs), the last T of the S positions of keys and values k, v
+        (B, nh, S, hs), -> (B, nh, T, hs). Each query sees its own position and those before it;
+        `mask` (bool, True = may attend, broadcastable to (T, S)) replaces that rule when given.
+
+        The "sdpa" kernel computes it in one call; "explicit" (and any call that asks for the weights)
+        writes out the steps of the GPT-2 paper. Both give the same numbers."""
         T, S = q.size(-2), k.size(-2)
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))  # (B, nh, T, S)
-        if T > 1:  # one query (decoding) sits last and may see every key
-            att = att.masked_fill(~causal_mask(T, S, q.device), float("-inf"))
+        causal = mask is None and T > 1  # one query (decoding) sits last and may see every key
+        if weights is None and self.kernel == "sdpa":
+            dropout_p = self.dropout if self.training else 0.0
+            if causal and T == S:
+                return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+            mask = causal_mask(T, S, q.device) if causal else mask
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))  # scores (B, nh, T, S)
+        if causal or mask is not None:
+            att = att.masked_fill(~(causal_mask(T, S, q.device) if causal else mask), float("-inf"))
         att = F.softmax(att, dim=-1)
         att = self.attn_dropout(att)
-        return att @ v, att  # (B, nh, T, hs)
-
-    def fused_attention(self, q, k, v) -> torch.Tensor:
-        """The same computation in one kernel call."""
-        T, S = q.size(-2), k.size(-2)
-        dropout_p = self.dropout if self.training else 0.0
-        if T == S:
-            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=T > 1)
-        mask = None if T == 1 else causal_mask(T, S, q.device)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+        if weights is not None:
+            weights.append(att)
+        return att @ v
 
 
 class MLP(nn.Module):
@@ -121,8 +102,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor, start_pos: int = 0) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x), start_pos)
+    def forward(self, x: torch.Tensor, start_pos: int = 0, attention: list | None = None) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), start_pos, attention)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -177,8 +158,9 @@ class GPT(nn.Module):
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
         return logits, loss
 
-    def trunk(self, idx: torch.Tensor, start_pos: int = 0) -> torch.Tensor:
-        """Embed idx, whose first token sits at position start_pos, and run every block: (B, T, C)."""
+    def trunk(self, idx: torch.Tensor, start_pos: int = 0, attention: list | None = None) -> torch.Tensor:
+        """Embed idx, whose first token sits at position start_pos, and run every block: (B, T, C).
+        `attention`: a list that each layer appends its attention weights (B, nh, T, S) to."""
         T = idx.size(1)
         if start_pos + T > self.config.block_size:
             raise ValueError(
@@ -188,7 +170,7 @@ class GPT(nn.Module):
         pos = torch.arange(start_pos, start_pos + T, device=idx.device)
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
         for block in self.transformer.h:
-            x = block(x, start_pos)
+            x = block(x, start_pos, attention)
         return x
 
     def last_logits(self, idx: torch.Tensor, start_pos: int = 0) -> torch.Tensor:
@@ -198,31 +180,25 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def attention_weights(self, idx: torch.Tensor) -> list[torch.Tensor]:
-        """Attention weights of every layer, each (B, nh, T, T), from the explicit path."""
-        T = idx.size(1)
-        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(torch.arange(T, device=idx.device)))
-        maps = []
-        for block in self.transformer.h:
-            y, weights = block.attn(block.ln_1(x), need_weights=True)
-            x = x + y
-            x = x + block.mlp(block.ln_2(x))
-            maps.append(weights)
-        return maps
+        """Attention weights of every layer, each (B, nh, T, T): the forward pass, keeping them."""
+        weights: list[torch.Tensor] = []
+        self.trunk(idx, attention=weights)
+        return weights
 
     # ---- generation ------------------------------------------------------------------------------
 
-    def set_kv_cache(self, batch_size: int, device=None, dtype=None) -> None:
-        """Give every attention layer an empty cache of block_size positions."""
+    def new_kv_caches(self, batch_size: int, device=None, dtype=None) -> list[KVCache]:
+        """An empty cache of block_size positions for every layer (not attached)."""
         weight = self.transformer.wte.weight
-        for block in self.transformer.h:
-            block.attn.kv_cache = KVCache(
-                batch_size,
-                self.config.n_head,
-                self.config.block_size,
-                self.config.head_size,
-                device or weight.device,
-                dtype or weight.dtype,
-            )
+        c = self.config
+        return [KVCache(batch_size, c.n_head, c.block_size, c.head_size, device or weight.device, dtype or weight.dtype)
+                for _ in range(c.n_layer)]
+
+    def set_kv_cache(self, batch_size: int, device=None, dtype=None, caches: list[KVCache] | None = None) -> None:
+        """Give every attention layer a cache: `caches` (one per layer), else new empty ones."""
+        caches = caches if caches is not None else self.new_kv_caches(batch_size, device, dtype)
+        for block, cache in zip(self.transformer.h, caches, strict=True):
+            block.attn.kv_cache = cache
 
     def clear_kv_cache(self) -> None:
         for block in self.transformer.h:
@@ -233,101 +209,29 @@ class GPT(nn.Module):
         cache = self.transformer.h[0].attn.kv_cache
         return 0 if cache is None else cache.length
 
-    @torch.inference_mode()  # cheaper per operation than no_grad, which counts for one token at a time
-    def stream(
-        self,
-        idx: torch.Tensor,
-        max_new_tokens: int,
-        temperature: float = 1.0,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        use_cache: bool = True,
-        generator: Generators = None,
-        stop_tokens: Iterable[int] | None = None,
-    ) -> Iterator[torch.Tensor]:
-        """Yield the next token of every row, (B,), at most max_new_tokens times.
+    # ---- kept for the documented API: decoding and loading live in the generation package ----------
 
-        With the cache, the prompt runs once (prefill), then one token per step. Past block_size the
-        window slides in jumps: when it is full, it restarts from its last block_size // 2 tokens
-        (one prefill of those), because learned absolute positions do not let cached keys shift to
-        new positions. Without the cache, every step runs the same window from scratch, so both
-        modes see the same context at every step and greedy decoding gives the same tokens.
+    def stream(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
+               top_p: float | None = None, use_cache: bool = True, generator: Generators = None,
+               stop_tokens: Iterable[int] | None = None) -> Iterator[torch.Tensor]:
+        """Yield the next token of every row, (B,), at most max_new_tokens times: `generation.decode.stream`."""
+        from generation.decode import stream
 
-        A row that has produced one of `stop_tokens` is finished: from then on it repeats that token
-        (its sampling generator still advances, which touches no other row), and the stream ends
-        as soon as every row is finished.
+        return stream(self, idx, max_new_tokens, temperature, top_k, top_p, use_cache, generator, stop_tokens)
 
-        The yielded tensors are inference tensors (made under torch.inference_mode): read them, or
-        clone them outside inference mode before autograd sees them. `generate` returns a normal one.
-        """
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
-        if idx.dim() != 2 or idx.size(1) == 0:
-            raise ValueError("idx must be a (batch, tokens) tensor holding at least one token")
-        check_sampling(temperature, top_k, top_p)
-        stops = torch.tensor(sorted(set(stop_tokens or ())), dtype=torch.long, device=idx.device)
-        has_stops = stops.numel() > 0
-        finished_with = torch.full((idx.size(0),), -1, dtype=torch.long, device=idx.device)  # -1: still going
-        block_size = self.config.block_size
-        keep = max(1, block_size // 2)
-        tokens = torch.empty(idx.size(0), idx.size(1) + max_new_tokens, dtype=idx.dtype, device=idx.device)
-        tokens[:, : idx.size(1)] = idx
-        total = idx.size(1)  # tokens so far
-        window_start = 0  # first token of the current window
-        cached = 0  # how many tokens of the window the cache holds
-        step = None  # one-token decoding (inference only: it has no dropout)
-        if use_cache:
-            self.set_kv_cache(idx.size(0))
-            if not self.training:
-                step = OneTokenStep(self)
-        try:
-            for _ in range(max_new_tokens):
-                if total - window_start > block_size:
-                    window_start, cached = total - keep, 0
-                if step is not None and total - window_start - cached == 1:
-                    logits = step(tokens[:, total - 1], pos=cached)
-                elif use_cache:  # prefill: the prompt, or the window after a slide
-                    logits = self.last_logits(tokens[:, window_start + cached : total], start_pos=cached)
-                else:
-                    logits = self.last_logits(tokens[:, window_start:total])
-                cached = total - window_start
-                next_token = sample(logits, temperature, top_k, top_p, generator)
-                if has_stops:
-                    done = finished_with >= 0
-                    next_token = torch.where(done, finished_with, next_token)
-                    finished_with = torch.where(~done & torch.isin(next_token, stops), next_token, finished_with)
-                tokens[:, total] = next_token
-                total += 1
-                yield next_token
-                if has_stops and bool((finished_with >= 0).all()):
-                    break
-        finally:
-            if use_cache:
-                self.clear_kv_cache()
+    def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
+                 top_p: float | None = None, use_cache: bool = True, generator: Generators = None,
+                 stop_tokens: Iterable[int] | None = None) -> torch.Tensor:
+        """idx (B, T) with the sampled tokens appended: `generation.decode.generate`."""
+        from generation.decode import generate
 
-    @torch.no_grad()
-    def generate(
-        self,
-        idx: torch.Tensor,
-        max_new_tokens: int,
-        temperature: float = 1.0,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        use_cache: bool = True,
-        generator: Generators = None,
-        stop_tokens: Iterable[int] | None = None,
-    ) -> torch.Tensor:
-        """idx (B, T) with the sampled tokens appended: (B, T + max_new_tokens), or fewer new
-        tokens when every row has stopped early at one of `stop_tokens` (see `stream`)."""
-        new = list(self.stream(idx, max_new_tokens, temperature, top_k, top_p, use_cache, generator, stop_tokens))
-        return torch.cat((idx, torch.stack(new, dim=1)), dim=1)
-
-    # ---- loading ---------------------------------------------------------------------------------
+        return generate(self, idx, max_new_tokens, temperature, top_k, top_p, use_cache, generator, stop_tokens)
 
     @classmethod
     def from_checkpoint(cls, path, map_location="cpu") -> GPT:
         """A model in eval mode from a `.ckpt` file, a run folder, or a Hugging Face GPT-2 folder
-        (config.json + model.safetensors or pytorch_model.bin, e.g. one written by export.py)."""
-        from .checkpoint import load_checkpoint
+        (config.json + model.safetensors or pytorch_model.bin, e.g. one written by export.py):
+        `generation.checkpoint.load_checkpoint`."""
+        from generation.checkpoint import load_checkpoint
 
         return load_checkpoint(path, map_location=map_location).model

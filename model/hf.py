@@ -1,4 +1,4 @@
-"""Between our GPT and Hugging Face `GPT2LMHeadModel`: weights, config and the GPT-2 tokenizer files.
+"""Between our GPT and Hugging Face `GPT2LMHeadModel`: weight names and layouts, and the config.
 
 The weight names are the same; the difference is that HF's `Conv1D` stores a linear layer's weight
 as (in, out) where `nn.Linear` stores (out, in), so those four matrices per block are transposed.
@@ -7,7 +7,6 @@ Needs only torch: `transformers` itself is imported by the callers that use it.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import torch
@@ -17,7 +16,6 @@ from .config import ConfigError, GPTConfig
 CONV1D_SUFFIXES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 HF_BUFFERS = (".attn.bias", ".attn.masked_bias")  # causal-mask buffers older checkpoints carry
 TANH_GELUS = ("gelu_new", "gelu_pytorch_tanh")  # the same function: GPT-2's tanh approximation
-EOT = "<|endoftext|>"
 
 
 def is_conv1d(key: str) -> bool:
@@ -110,48 +108,3 @@ def hf_config_dict(config: GPTConfig, eot_id: int | None = None) -> dict[str, An
         "bos_token_id": eot_id,
         "eos_token_id": eot_id,
     }
-
-
-def byte_level_bpe_json(vocab: dict[str, int], merges: list[str]) -> str:
-    """The `tokenizers` JSON document of a GPT-2 byte-level BPE, from the contents of `vocab.json`
-    and `merges.txt` (the files of the original GPT-2 release). `<|endoftext|>`, when the vocabulary
-    has it, is a special token."""
-    merge_pairs = []
-    for line in merges:
-        line = line.strip()
-        if not line or line.startswith("#version"):
-            continue
-        parts = line.split(" ")
-        if len(parts) != 2:
-            raise ValueError(f"merges.txt line {line!r} is not two tokens separated by one space")
-        merge_pairs.append(parts)
-    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
-    added = []
-    if EOT in vocab:
-        added.append(
-            {"id": vocab[EOT], "content": EOT, "single_word": False, "lstrip": False, "rstrip": False,
-             "normalized": True, "special": True}
-        )
-    document = {
-        "version": "1.0",
-        "truncation": None,
-        "padding": None,
-        "added_tokens": added,
-        "normalizer": None,
-        "pre_tokenizer": byte_level,
-        "post_processor": {**byte_level, "trim_offsets": False},
-        "decoder": byte_level,
-        "model": {
-            "type": "BPE",
-            "dropout": None,
-            "unk_token": None,
-            "continuing_subword_prefix": "",
-            "end_of_word_suffix": "",
-            "fuse_unk": False,
-            "byte_fallback": False,
-            "ignore_merges": False,
-            "vocab": vocab,
-            "merges": merge_pairs,
-        },
-    }
-    return json.dumps(document, ensure_ascii=False)

@@ -284,3 +284,19 @@ def test_every_row_of_the_readme_table_has_a_test():
         if label in README_ROWS:
             expected = "error: " + README_ROWS[label][1]
             assert line.startswith(expected[:-3]) if expected.endswith("...") else line == expected, label
+
+
+@pytest.mark.slow
+def test_a_sample_prompt_the_tokenizer_cannot_take_is_refused_before_training(small_text, tmp_path):
+    """generate.py refuses a prompt with characters a char tokenizer never saw; the samples written
+    during training use the same encoding, so train.py refuses such a samples.prompts at once."""
+    env = {**os.environ, "TINYGPT2_CACHE": str(tmp_path / "cache")}
+    proc = run_script("train.py", *TINY, f"data.path={small_text}", "tokenizer=char", "samples.prompts=[ROMEO:,café]",
+                      cwd=tmp_path, env=env)
+    assert proc.returncode == 1
+    assert one_error_line(proc.stderr) == (
+        "error: samples.prompts: 'café' cannot be a sample prompt: the prompt has characters this model's tokenizer "
+        "never saw in training: 'é'; leave them out or replace them"
+    )
+    assert not (tmp_path / "outputs").exists()
+    assert not any((tmp_path / "cache").rglob("meta.json"))  # the token cache entry made for it went too

@@ -69,7 +69,7 @@ def test_generate_py_device_cuda_without_a_gpu(tiny_run, capsys):
 def test_generate_py_empty_prompt_without_a_start_token(no_start_token_run, capsys):
     code = generate.main(["--ckpt", str(no_start_token_run), "--prompt", "", "--max-new-tokens", "5"])
     out, err = capsys.readouterr()
-    assert code == 1 and "prompt is empty" in one_error_line(err) and "give --prompt" in err
+    assert code == 1 and "prompt is empty" in one_error_line(err) and "give a non-empty prompt" in err
     assert generate.main(["--ckpt", str(no_start_token_run), "--prompt", "ROMEO:", "--max-new-tokens", "5"]) == 0
 
 

@@ -9,7 +9,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from data.tokenizer import EOT, train_bpe
-from model.checkpoint import load_checkpoint
+from generation.checkpoint import load_checkpoint
 from training.run import train
 
 from .common import TINY, compose_config

@@ -238,3 +238,78 @@ def test_interactive_answers_each_prompt_with_the_model_loaded_once(tiny_run, ca
 
     monkeypatch.setattr(sys, "stdin", io.StringIO(typed))
     assert cli(capsys, *args, "--interactive", "--prompt", "ROMEO:")[1] == out  # the session repeats
+
+
+# ---- prompts that are not text, and what a terminal shows ------------------------------------------------
+
+
+def generate_process(*args, stdin: bytes | None = None, cwd=None):
+    """generate.py run as a user runs it, with bytes in and out (prompts may be any bytes)."""
+    import subprocess
+
+    from .common import ROOT
+
+    return subprocess.run([sys.executable, str(ROOT / "generate.py"), *args], input=stdin, capture_output=True,
+                          cwd=cwd, timeout=300)
+
+
+def test_a_prompt_that_is_not_utf8_is_refused_in_one_line(tiny_run, tmp_path):
+    proc = generate_process("--ckpt", str(tiny_run), "--prompt", b"ROMEO\xff:", cwd=tmp_path)
+    assert proc.returncode == 1 and proc.stdout == b""
+    assert proc.stderr.decode() == (
+        "error: the prompt is not valid UTF-8: byte(s) 0xff at character 6; save or type it as UTF-8 text\n"
+    )
+
+
+def test_interactive_refuses_a_line_that_is_not_utf8_and_answers_the_next(tiny_run, tmp_path):
+    typed = b"ROM\xe9O:\nJULIET:\n"  # the first line is Latin-1, not UTF-8
+    proc = generate_process("--ckpt", str(tiny_run), "--interactive", "--max-new-tokens", "8", stdin=typed, cwd=tmp_path)
+    assert proc.returncode == 0
+    err = proc.stderr.decode().splitlines()
+    assert err[0] == "error: the prompt is not valid UTF-8: byte(s) 0xe9 at character 4; save or type it as UTF-8 text"
+    assert len(err) == 2 and "tokens generated" in err[1]
+    assert proc.stdout.decode().startswith("JULIET:")
+
+
+def test_the_summary_starts_a_line_of_its_own_in_a_terminal(tiny_run, tmp_path):
+    """In a terminal stdout and stderr share the screen: the summary must not follow the last word."""
+    import os
+    import pty
+    import subprocess
+
+    from .common import ROOT
+
+    for stop in ([], ["--stop", "e"]):  # a sample that runs to its length, and one cut by a stop string
+        leader, follower = pty.openpty()
+        proc = subprocess.Popen([sys.executable, str(ROOT / "generate.py"), "--ckpt", str(tiny_run), "--prompt", "ROMEO:",
+                                 "--max-new-tokens", "12", *stop], stdout=follower, stderr=follower, cwd=tmp_path)
+        os.close(follower)
+        screen = b""
+        while True:
+            try:
+                chunk = os.read(leader, 4096)
+            except OSError:  # the other end is closed: the process has ended
+                break
+            if not chunk:
+                break
+            screen += chunk
+        os.close(leader)
+        assert proc.wait(timeout=60) == 0
+        lines = screen.decode().replace("\r\n", "\n").split("\n")
+        summary = [line for line in lines if "tokens generated" in line]
+        assert len(summary) == 1 and summary[0].startswith("["), screen
+
+
+def test_training_samples_are_what_generate_py_writes_with_the_same_settings(tiny_run, tiny_gpt, capsys):
+    """The samples written during training and generate.py go through one session: same encoding,
+    same stop at <|endoftext|>, same text for the same seed."""
+    from generation.checkpoint import load_checkpoint
+    from training.callbacks import TextSamples
+
+    loaded = load_checkpoint(tiny_run)
+    samples = TextSamples(tiny_run / "unused.md", loaded.tokenizer_json, ["ROMEO:"], max_new_tokens=30,
+                          temperature=0.9, top_k=20, seed=11)
+    written = samples.generate(loaded.model, "ROMEO:")
+    code, out, _ = cli(capsys, "--ckpt", tiny_run, "--prompt", "ROMEO:", "--max-new-tokens", 30, "--temperature", 0.9,
+                       "--top-k", 20, "--seed", 11)
+    assert code == 0 and out == written + "\n"

@@ -14,8 +14,8 @@ from tokenizers import Tokenizer
 
 import export
 import generate
+from generation.checkpoint import CheckpointError, load_checkpoint
 from model import GPT
-from model.checkpoint import CheckpointError, load_checkpoint
 from model.hf import from_hf_state_dict
 
 from .tiny import EOT, train_tiny_gpt, write_checkpoint

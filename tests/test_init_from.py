@@ -10,8 +10,8 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
+from generation.checkpoint import load_checkpoint
 from model import ConfigError
-from model.checkpoint import load_checkpoint
 from training.init_from import model_keys_in, start_from
 from training.run import train
 

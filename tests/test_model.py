@@ -8,10 +8,12 @@ import pytest
 import torch
 from torch import nn
 
+from generation.step import OneTokenStep, StaticStep
 from model import GPT, ConfigError, GPTConfig
-from model.decode import OneTokenStep
 from model.gpt import CausalSelfAttention
 from model.hf import from_hf_state_dict, hf_config_dict
+
+from .common import ROOT
 
 TINY = dict(n_layer=2, n_head=4, n_embd=32, block_size=16, vocab_size=50, dropout=0.0)
 
@@ -272,8 +274,39 @@ def test_one_decoding_step_equals_the_full_forward(kernel):
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("kernel", ["sdpa", "explicit"])
+def test_static_step_for_cuda_graphs_equals_the_full_forward(kernel):
+    """The step a CUDA graph records (fixed buffers, the whole cache read under a mask) computes what
+    the blocks do, at every position, and its greedy tokens are those of the uncached forward."""
+    gpt = tiny_gpt(attention=kernel)
+    idx = torch.randint(0, 50, (2, 12))
+    with torch.no_grad():
+        full = gpt(idx)[0]
+        step = StaticStep(gpt, gpt.new_kv_caches(2))
+        gpt.last_logits(idx[:, :4])  # prefill the first 4
+        for pos in range(4, 12):
+            torch.testing.assert_close(step(idx[:, pos], pos), full[:, pos], rtol=1e-5, atol=1e-5)
+        assert gpt.cache_length() == 12
+        gpt.clear_kv_cache()
+
+
+def test_a_stream_on_a_graph_step_gives_the_tokens_of_the_uncached_forward(monkeypatch):
+    """The decoding loop run on the static step (as on a GPU, where it is replayed as a graph), sliding
+    window included, decodes greedily what the full forward does."""
+    import generation.decode as decode
+
+    gpt = tiny_gpt()
+    monkeypatch.setattr(decode, "use_cuda_graph", lambda model: True)
+    monkeypatch.setattr(decode, "CudaGraphStep", StaticStep)  # the same step, without the recording
+    idx = torch.randint(0, 50, (2, 5))
+    uncached = gpt.generate(idx, 40, temperature=0, use_cache=False)  # block_size 16: the window slides
+    assert torch.equal(gpt.generate(idx, 40, temperature=0), uncached)
+    assert torch.equal(gpt.generate(idx, 40, temperature=0), uncached)  # the kept step, reused
+    assert len(decode._graph_steps) == 1
+
+
 def test_packed_weights_give_the_same_tokens(monkeypatch):
-    import model.decode as decode
+    import generation.step as decode
 
     if not torch.backends.mkldnn.is_available():
         pytest.skip("no oneDNN in this torch build")
@@ -287,3 +320,15 @@ def test_packed_weights_give_the_same_tokens(monkeypatch):
     packed = gpt.generate(idx, 11, temperature=0)
     assert torch.equal(packed, plain)
     assert len(seen) == 1  # only the prefill used the module; every step ran the packed copy
+
+
+def test_the_model_package_needs_only_torch():
+    """model/ is the network: importing it loads no file reading, decoding or training code."""
+    import subprocess
+    import sys
+
+    code = ("import sys, model, model.gpt, model.cache, model.hf, model.config; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'generation', 'data', 'training', 'tokenizers', "
+            "'lightning', 'hydra', 'safetensors'}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True).stdout
+    assert out.strip() == "[]"

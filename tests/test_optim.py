@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from model import GPT, GPTConfig
+from training.checks import SettingError, check_together
 from training.flops import flops_per_token, gpu_peak_flops
 from training.optim import lr_factor, make_adamw, parameter_groups
-from training.checks import SettingError, check_together
 from training.settings import choose_precision, global_batch
 
 

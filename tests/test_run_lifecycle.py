@@ -20,8 +20,8 @@ import torch
 import yaml
 
 import train
-from training.run_folder import RunFolder, RunFolderError, claim_new_folder
 from training.run import train as train_run
+from training.run_folder import RunFolder, RunFolderError, claim_new_folder
 
 from .common import ROOT, TINY, compose_config, one_error_line, run_script
 

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from model.sampling import check_sampling, draw, keep_top_k, keep_top_p, probabilities, sample
+from generation.sampling import check_sampling, draw, keep_top_k, keep_top_p, probabilities, sample
 
 
 def kept(logits: torch.Tensor) -> set[int]:

@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
+from generation.checkpoint import load_checkpoint
 from model import GPT
-from model.checkpoint import load_checkpoint
 from training.checks import SettingError
 from training.run import train
 

@@ -15,8 +15,8 @@ import torch
 from tokenizers import Tokenizer
 
 from data.tokenizer import train_bpe
+from generation.checkpoint import META_KEY, STATE_PREFIX
 from model import GPT, GPTConfig
-from model.checkpoint import META_KEY, STATE_PREFIX
 from model.hf import hf_config_dict, to_hf_state_dict
 
 TINY_SHAPE = dict(n_layer=2, n_head=4, n_embd=32, block_size=32, dropout=0.0)

@@ -14,6 +14,8 @@ from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
 from tokenizers import Tokenizer
 
+from generation.session import Sampling, Session
+
 from .flops import device_peak_flops, flops_per_token
 from .module import logging_step
 
@@ -66,19 +68,13 @@ class TextSamples(L.Callback):
         self.path = Path(path)
         self.tokenizer = Tokenizer.from_str(tokenizer_json)
         self.prompts = list(prompts) or [""]
-        self.max_new_tokens, self.temperature, self.top_k, self.seed = max_new_tokens, temperature, top_k, seed
+        self.sampling = Sampling(max_new_tokens, temperature, top_k)
+        self.seed = seed
 
-    def encode(self, prompt: str) -> list[int]:
-        ids = self.tokenizer.encode(prompt, add_special_tokens=False).ids if prompt else []
-        eot = self.tokenizer.token_to_id("<|endoftext|>")
-        return ids or ([eot] if eot is not None else [0])
-
-    @torch.no_grad()
     def generate(self, model, prompt: str) -> str:
-        idx = torch.tensor([self.encode(prompt)], device=model.transformer.wte.weight.device)
-        generator = torch.Generator(device=idx.device).manual_seed(self.seed)
-        out = model.generate(idx, self.max_new_tokens, self.temperature, self.top_k, generator=generator)
-        return prompt + self.tokenizer.decode(out[0, idx.size(1) :].tolist())
+        """The prompt and its continuation, as `generate.py` would write it with the same settings."""
+        generator = torch.Generator(device=model.transformer.wte.weight.device).manual_seed(self.seed)
+        return prompt + Session(model, self.tokenizer).complete(prompt, self.sampling, 1, [generator]).texts[0]
 
     def on_validation_end(self, trainer, pl_module) -> None:
         if trainer.sanity_checking or not trainer.is_global_zero:

@@ -5,8 +5,8 @@ command line is refused without loading it."""
 from __future__ import annotations
 
 from data import DataError
+from generation.checkpoint import CheckpointError
 from model import ConfigError
-from model.checkpoint import CheckpointError
 
 from .checks import SettingError
 from .run_folder import RunFolderError

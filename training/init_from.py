@@ -16,8 +16,8 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer
 
+from generation.checkpoint import CheckpointError, read_weights
 from model import ConfigError, GPTConfig
-from model.checkpoint import CheckpointError, read_weights
 
 SHAPE_KEYS = ("n_layer", "n_head", "n_embd", "vocab_size", "bias")  # fixed by the weights
 

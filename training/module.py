@@ -11,8 +11,8 @@ import lightning as L
 import numpy as np
 import torch
 
+from generation.checkpoint import describe_model
 from model import GPT, GPTConfig
-from model.checkpoint import describe_model
 
 from . import failpoints
 from .errors import TrainingDiverged
@@ -33,7 +33,7 @@ class GPTModule(L.LightningModule):
     """Trains `self.model`, a plain GPT.
 
     Every checkpoint it writes carries the model config, the tokenizer and the run's settings
-    (model.checkpoint.describe_model), so `GPT.from_checkpoint` and resuming need nothing else.
+    (generation.checkpoint.describe_model), so `GPT.from_checkpoint` and resuming need nothing else.
     """
 
     def __init__(

@@ -26,7 +26,7 @@ from .init_from import Start
 from .loggers import build_loggers, finish_loggers
 from .module import GPTModule
 from .run_folder import RunFolder, claim
-from .settings import RunSettings, choose_strategy, resolve, resolve_resumed
+from .settings import RunSettings, choose_strategy, resolve, resolve_resumed, sample_prompts
 from .sweep import result_record, summarize
 
 log = logging.getLogger(__name__)
@@ -214,8 +214,7 @@ def build_callbacks(settings: RunSettings, folder: RunFolder) -> list[L.Callback
         callbacks.append(ProgressBar(settings.accumulation))
     samples = settings.values["samples"]
     if samples["enabled"]:
-        prompts = samples["prompts"] or settings.values["data"].get("sample_prompts") or [""]
-        callbacks.append(TextSamples(folder.samples_file, settings.tokenizer_json, list(prompts), samples["max_new_tokens"],
+        callbacks.append(TextSamples(folder.samples_file, settings.tokenizer_json, sample_prompts(settings.values), samples["max_new_tokens"],
                                      samples["temperature"], samples["top_k"], samples["seed"]))
     return callbacks
 

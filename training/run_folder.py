@@ -1,6 +1,6 @@
 """A run folder: every file of a run by name, the lock that keeps one process per run, the choice of a
 new folder, and finding the runs that can be continued. No other module spells these names (but for
-the checkpoint names model.checkpoint reads run folders by, which it defines: model/ needs only torch).
+the checkpoint names generation.checkpoint reads run folders by, which it defines: it needs no training code).
 
     <run>/config.yaml            the settings the run started with (never rewritten)
          tokenizer.json          its tokenizer
@@ -26,7 +26,7 @@ from typing import Any
 
 import yaml
 
-from model.checkpoint import BEST_NAME, CHECKPOINTS_DIR, LAST_NAME, CheckpointError, checkpoint_step
+from generation.checkpoint import BEST_NAME, CHECKPOINTS_DIR, LAST_NAME, CheckpointError, checkpoint_step
 
 
 class RunFolderError(ValueError):

@@ -22,8 +22,10 @@ from tokenizers import Tokenizer
 from data import DataError
 from data.cache import TokenCache, discard
 from data.prepare import check_sizes, corpus_key, prepare_corpus
+from data.tokenizer import eot_id
+from generation.checkpoint import CheckpointError, DamagedCheckpoint, read_header
+from generation.session import PromptError, encode_prompt
 from model import ConfigError, GPTConfig
-from model.checkpoint import CheckpointError, DamagedCheckpoint, read_header
 
 from .checks import (
     ABSENT,
@@ -207,6 +209,7 @@ def resolve(requested: dict[str, Any], named: Iterable[str] = ()) -> tuple[RunSe
         values["model"] = model.to_dict()
         check_sizes(tokens, model.block_size)
         values["tokens_per_step"], accumulation = global_batch(values, world_size)
+        check_sample_prompts(values, tokens.tokenizer_json)
     except (SettingError, ConfigError, DataError):
         if tokens.made_now:  # refused: the entry made for it goes too
             discard(tokens)
@@ -226,6 +229,7 @@ def resolve_resumed(checkpoint: Path, requested: dict[str, Any], named: Iterable
     values["trainer"]["accumulate_grad_batches"] = accumulation
     model = GPTConfig.from_dict(values["model"])
     check_sizes(tokens, model.block_size)
+    check_sample_prompts(values, tokens.tokenizer_json)
     return RunSettings(values, model, tokens, world_size, accumulation, resume_from=checkpoint, resume_step=step)
 
 
@@ -279,6 +283,24 @@ def read_run_header(checkpoint: Path) -> dict[str, Any]:
 
 def prepare(values: dict[str, Any], given: Tokenizer | None) -> TokenCache:
     return prepare_corpus(OmegaConf.create(values["data"]), OmegaConf.create(values["tokenizer"]), given)
+
+
+def sample_prompts(values: dict[str, Any]) -> list[str]:
+    """The prompts the run's text samples continue: samples.prompts, else the data's own, else one empty."""
+    return list(values["samples"]["prompts"] or values["data"].get("sample_prompts") or [""])
+
+
+def check_sample_prompts(values: dict[str, Any], tokenizer_json: str) -> None:
+    """Refuse now a sample prompt that generate.py would refuse, rather than at the first validation."""
+    if not values["samples"]["enabled"]:
+        return
+    tokenizer = Tokenizer.from_str(tokenizer_json)
+    for prompt in sample_prompts(values):
+        try:
+            encode_prompt(tokenizer, prompt, eot_id(tokenizer))
+        except PromptError as err:
+            key = "samples.prompts" if values["samples"]["prompts"] else "data.sample_prompts"
+            raise SettingError(f"{key}: {prompt!r} cannot be a sample prompt: {err}") from None
 
 
 def final_model(model: dict[str, Any], tokenizer_vocab: int) -> GPTConfig:

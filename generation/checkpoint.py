@@ -1,4 +1,5 @@
-"""Reading checkpoints: a model, its tokenizer and its training config, from one file or folder.
+"""What a checkpoint holds, in one place: the description training writes into it, and reading a model,
+its tokenizer and its training config back from one file or folder.
 
 Two kinds are read:
 
@@ -24,15 +25,16 @@ from typing import Any
 
 import torch
 
-from .config import ConfigError, GPTConfig
-from .gpt import GPT
-from .hf import byte_level_bpe_json, config_from_hf, from_hf_state_dict
+from data.tokenizer import has_gpt2_files, read_gpt2_files
+from model import GPT, ConfigError, GPTConfig
+from model.hf import config_from_hf, from_hf_state_dict
 
 META_KEY = "tinygpt2"
 STATE_PREFIX = "model."  # the LightningModule keeps the GPT as `self.model`
 # A run folder's checkpoints (training.run_folder writes them): looked for, best first, by loaders.
 CHECKPOINTS_DIR, BEST_NAME, LAST_NAME = "checkpoints", "best.ckpt", "last.ckpt"
 CHECKPOINT_NAMES = (BEST_NAME, LAST_NAME)
+NEWEST_RUN = Path("outputs/latest")  # where train.py links the run it made last (its latest_link setting)
 HF_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 
 
@@ -76,6 +78,15 @@ def first_line(err: BaseException) -> str:
 
 def is_hf_folder(path: str | Path) -> bool:
     return Path(path).is_dir() and (Path(path) / "config.json").is_file()
+
+
+def given_or_newest(path: str | Path | None) -> Path:
+    """The checkpoint a command line names, else the newest run (for --ckpt of generate.py and explain.py)."""
+    if path is not None:
+        return Path(path)
+    if NEWEST_RUN.exists():
+        return NEWEST_RUN
+    raise CheckpointError(f"no run found at {NEWEST_RUN}; train one with `python train.py` or pass --ckpt RUN_FOLDER")
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
@@ -242,10 +253,8 @@ def read_hf_tokenizer(folder: Path) -> str | None:
     try:
         if (folder / "tokenizer.json").is_file():
             return (folder / "tokenizer.json").read_text(encoding="utf-8")
-        if (folder / "vocab.json").is_file() and (folder / "merges.txt").is_file():
-            vocab = json.loads((folder / "vocab.json").read_text(encoding="utf-8"))
-            merges = (folder / "merges.txt").read_text(encoding="utf-8").splitlines()
-            return byte_level_bpe_json(vocab, merges)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, ValueError) as err:
+        if has_gpt2_files(folder):
+            return read_gpt2_files(folder).to_str()
+    except (OSError, UnicodeDecodeError, ValueError) as err:
         raise CheckpointError(f"cannot read the tokenizer files in {folder} ({err})") from None
     return None
