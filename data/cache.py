@@ -13,10 +13,17 @@ An entry is built in tokens/<key>.partial/ and renamed into place when complete,
 entry's name is always whole. A preparation that stops part way leaves the .partial folder, with its
 finished shards, for the next run to go on from. One process at a time builds an entry (a file lock);
 others wait for it and then read.
+
+An entry is checked whenever it is opened, cheaply (no token file is read): the token files' sizes
+against the counts and dtype in meta.json, and tokenizer.json against the hash recorded when it was
+made. An entry that fails (cut short, edited, a file missing) is named in one warning line and built
+again; nothing trains on it. A disk that fills while an entry is written ends in one line saying
+where; the staging folder stays only if the next run can go on from it.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -35,6 +42,16 @@ from .errors import DataError
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 2
+ENTRY_FILES = ("tokenizer.json", "train.bin", "val.bin", "meta.json")
+TOKEN_DTYPES = ("uint16", "uint32")
+
+
+class DamagedEntry(Exception):
+    """A cache entry whose files do not match what its meta.json says."""
+
+    def __init__(self, file: Path, why: str):
+        self.file = file
+        super().__init__(f"the token cache entry {file.parent} is damaged: {file.name} {why}")
 
 
 def fingerprint(source: dict[str, Any], tokenizer: dict[str, Any]) -> str:
@@ -44,6 +61,10 @@ def fingerprint(source: dict[str, Any], tokenizer: dict[str, Any]) -> str:
 
 def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16) if vocab_size <= 2**16 else np.dtype(np.uint32)
+
+
+def text_hash(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 @dataclass
@@ -67,14 +88,68 @@ class TokenCache:
 
 
 def open_cache(folder: Path) -> TokenCache | None:
-    meta_file = folder / "meta.json"
-    if not meta_file.is_file():
+    """The entry in folder, checked (DamagedEntry if it fails); None where there is no entry."""
+    if not folder.is_dir():
         return None
-    return TokenCache(folder, json.loads(meta_file.read_text()))
+    meta_file = folder / "meta.json"
+    try:
+        meta = json.loads(meta_file.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise DamagedEntry(meta_file, "is missing") from None
+    except (OSError, ValueError) as err:
+        raise DamagedEntry(meta_file, f"cannot be read ({type(err).__name__})") from None
+    check_entry(folder, meta)
+    return TokenCache(folder, meta)
+
+
+def check_entry(folder: Path, meta: Any) -> None:
+    """Sizes of the token files against meta.json's counts and dtype; tokenizer.json against its hash."""
+    meta_file = folder / "meta.json"
+    if not isinstance(meta, dict) or meta.get("dtype") not in TOKEN_DTYPES:
+        raise DamagedEntry(meta_file, f"names no token dtype ({' or '.join(TOKEN_DTYPES)})")
+    itemsize = np.dtype(meta["dtype"]).itemsize
+    for split in ("train", "val"):
+        count, file = meta.get(f"{split}_tokens"), folder / f"{split}.bin"
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise DamagedEntry(meta_file, f"has no count of {split} tokens")
+        if not file.is_file():
+            raise DamagedEntry(file, "is missing")
+        if file.stat().st_size != count * itemsize:
+            raise DamagedEntry(file, f"holds {file.stat().st_size:,} bytes where {count:,} {meta['dtype']} tokens "
+                                     f"take {count * itemsize:,}")
+    tokenizer_file = folder / "tokenizer.json"
+    try:
+        text = tokenizer_file.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise DamagedEntry(tokenizer_file, "is missing") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise DamagedEntry(tokenizer_file, f"cannot be read ({type(err).__name__})") from None
+    if "tokenizer_sha256" in meta:
+        if text_hash(text) != meta["tokenizer_sha256"]:
+            raise DamagedEntry(tokenizer_file, "is not the tokenizer the entry was made with (its hash differs)")
+    else:  # made before hashes were recorded: it must at least be a tokenizer of the recorded size
+        check_tokenizer_text(tokenizer_file, text, meta.get("vocab_size"))
+
+
+def check_tokenizer_text(file: Path, text: str, vocab_size: Any) -> None:
+    from tokenizers import Tokenizer
+
+    try:
+        size = Tokenizer.from_str(text).get_vocab_size()
+    except Exception:  # the library's own error for JSON it cannot read
+        raise DamagedEntry(file, "is not a tokenizer that `tokenizers` can read") from None
+    if size != vocab_size:
+        raise DamagedEntry(file, f"has {size} tokens where meta.json records {vocab_size}")
 
 
 def find_cache(root: str | os.PathLike, key: str) -> TokenCache | None:
-    return open_cache(Path(root).expanduser() / "tokens" / key)
+    """The entry for key, if there is one that passes its check; a damaged one is reported (and
+    built again by build_cache)."""
+    try:
+        return open_cache(Path(root).expanduser() / "tokens" / key)
+    except DamagedEntry as err:
+        log.warning("%s; preparing it again", err)
+        return None
 
 
 def write_json(path: Path, value: Any) -> None:
@@ -101,27 +176,52 @@ def build_cache(root: str | os.PathLike, key: str, build: Callable[[Path], dict[
         log.info("another process is preparing these tokens; waiting for it (%s)", staging)
         lock.acquire()
     try:
-        if (done := open_cache(entry)) is not None:
-            return done
+        try:
+            if (done := open_cache(entry)) is not None:
+                return done
+        except DamagedEntry:  # reported by find_cache; under the lock, it goes
+            shutil.rmtree(entry)
         staging.mkdir(exist_ok=True)
         if not (staging / "meta.json").is_file():
             try:
                 meta = build(staging)
+                meta["tokenizer_sha256"] = text_hash((staging / "tokenizer.json").read_text(encoding="utf-8"))
+                write_json(staging / "meta.json", meta)
             except DataError:
                 shutil.rmtree(staging, ignore_errors=True)
                 raise
-            write_json(staging / "meta.json", meta)
+            except OSError as err:
+                if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+                    raise
+                raise disk_full(staging, err) from None
         for leftover in staging.iterdir():  # work files of the build; the entry keeps only its own
-            if leftover.name not in ("tokenizer.json", "train.bin", "val.bin", "meta.json"):
+            if leftover.name not in ENTRY_FILES:
                 shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
-        if entry.exists():  # left by something other than this code; never whole, or open_cache would say so
-            shutil.rmtree(entry)
         staging.rename(entry)
     finally:
         lock.release()
-    made = open_cache(entry)
+    try:
+        made = open_cache(entry)
+    except DamagedEntry as err:  # just written and already wrong: the disk or something else is at fault
+        raise DataError(f"{err}, right after it was written; check the disk, then run again") from None
     made.made_now = True
     return made
+
+
+def disk_full(staging: Path, err: OSError) -> DataError:
+    """The error for a disk that filled while staging was written: it stays if it holds finished work
+    (the tokenizer, written whole or not at all, and any finished shards: the next run goes on from
+    them), else it goes."""
+    where = err.filename or staging
+    if (staging / "tokenizer.json").is_file():
+        size = sum(f.stat().st_size for f in staging.rglob("*") if f.is_file())
+        kept = (f"the partial entry {staging} ({size / 2**20:.1f} MB) is kept: the next run goes on from it once there "
+                "is space (delete it to get the space back)")
+    else:
+        shutil.rmtree(staging, ignore_errors=True)
+        kept = "nothing of it is kept"
+    return DataError(f"the disk is full: writing the token cache at {where} failed; {kept}. "
+                     "Free some space, or set data.cache_dir to a disk with room")
 
 
 def discard(cache: TokenCache) -> None:

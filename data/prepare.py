@@ -7,6 +7,7 @@ preparation that stops part way goes on where it stopped.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import time
@@ -92,8 +93,16 @@ def prepare_tokens(
     )
     if counts["train_tokens"] == 0:
         raise DataError(f"{source.label} holds no training text")
+    failpoint_disk_full(staging)
     join_shards(shards, len(read_records(shards)), staging)
     return {"format": FORMAT_VERSION, "dtype": dtype.name, "vocab_size": vocab_size, "source": source.label, **counts}
+
+
+def failpoint_disk_full(staging: Path) -> None:
+    """For the tests: TINYGPT2_FAILPOINT=cache_enospc:1 fails the joining of the shards (the write that
+    needs the most space) as a full disk does."""
+    if any(p.startswith("cache_enospc:") for p in os.environ.get("TINYGPT2_FAILPOINT", "").split(",")):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(staging / "train.bin"))
 
 
 def prepare_corpus(data_cfg, tokenizer_cfg, given: Tokenizer | None = None, progress: Callable[[dict], None] | None = None) -> TokenCache:

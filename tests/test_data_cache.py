@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -15,12 +16,13 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
+import data.cache
 import data.prepare
 from data.cache import find_cache
 from data.datamodule import TextDataModule
 from data.tokenizer import EOT
 
-from .common import ROOT, bpe_config, data_config
+from .common import ROOT, TINY, bpe_config, data_config, one_error_line, run_script
 
 
 def datamodule(cache_dir, path, tokenizer=None, progress=None, **data):
@@ -34,10 +36,10 @@ def entries(cache_dir):
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory, shakespeare):
+def corpus(tmp_path_factory, full_text):
     """24 documents, 600 KB: enough for many shards."""
     folder = tmp_path_factory.mktemp("corpus")
-    text = shakespeare.read_text(encoding="utf-8")
+    text = full_text.read_text(encoding="utf-8")
     for i in range(24):
         (folder / f"part{i:02d}.txt").write_text(text[i * 25_000 : (i + 1) * 25_000], encoding="utf-8")
     return folder
@@ -82,10 +84,10 @@ def test_processes_and_shard_sizes_do_not_change_the_ids(tmp_path, corpus):
 
 
 @pytest.fixture(scope="module")
-def jsonl_corpus(tmp_path_factory, shakespeare):
+def jsonl_corpus(tmp_path_factory, full_text):
     """The same text as 600 JSON Lines records."""
     path = tmp_path_factory.mktemp("jsonl") / "speeches.jsonl"
-    text = shakespeare.read_text(encoding="utf-8")
+    text = full_text.read_text(encoding="utf-8")
     datasets.Dataset.from_dict({"text": [text[i * 1000 : (i + 1) * 1000] for i in range(600)]}).to_json(
         path, lines=True
     )
@@ -192,3 +194,92 @@ def test_only_one_process_prepares_the_others_wait_and_read(tmp_path, corpus):
     assert entries(tmp_path) == [outcomes[0][2]]
     meta = json.loads((tmp_path / "tokens" / outcomes[0][2] / "meta.json").read_text())
     assert meta["train_tokens"] > 0
+
+
+# ---- an entry is checked before it is used ---------------------------------------------------------------
+
+
+def damage(entry, how: str) -> str:
+    """Break one file of a cache entry the way a full disk, a stray edit or a copy gone wrong would;
+    returns the name of the file that the warning must name."""
+    if how in ("truncated train.bin", "truncated val.bin"):
+        file = entry / how.split()[1]
+        file.write_bytes(file.read_bytes()[: file.stat().st_size // 2])
+    elif how == "truncated tokenizer.json":
+        file = entry / "tokenizer.json"
+        file.write_text(file.read_text(encoding="utf-8")[:1000], encoding="utf-8")
+    elif how == "cut-down tokenizer.json":  # still a valid tokenizer, but not the entry's
+        spec = json.loads((entry / "tokenizer.json").read_text(encoding="utf-8"))
+        spec["model"]["merges"] = spec["model"]["merges"][:10]
+        (entry / "tokenizer.json").write_text(json.dumps(spec), encoding="utf-8")
+    elif how == "wrong dtype in meta.json":
+        meta = json.loads((entry / "meta.json").read_text())
+        (entry / "meta.json").write_text(json.dumps({**meta, "dtype": "float32"}))
+    elif how == "unreadable meta.json":
+        (entry / "meta.json").write_text('{"dtype": "uint16", "train_tok')
+    elif how == "missing train.bin":
+        (entry / "train.bin").unlink()
+    return {"wrong dtype in meta.json": "meta.json", "unreadable meta.json": "meta.json"}.get(how, how.split()[-1])
+
+
+DAMAGES = ["truncated train.bin", "truncated val.bin", "truncated tokenizer.json", "cut-down tokenizer.json",
+           "wrong dtype in meta.json", "unreadable meta.json", "missing train.bin"]
+
+
+@pytest.mark.parametrize("how", DAMAGES)
+def test_a_damaged_entry_is_named_in_one_line_and_built_again(how, tmp_path, small_text, caplog):
+    first = datamodule(tmp_path, small_text).prepare()
+    good = {name: (first.folder / name).read_bytes() for name in ("train.bin", "val.bin", "tokenizer.json")}
+    file = damage(first.folder, how)
+    with caplog.at_level("WARNING"):
+        again = datamodule(tmp_path, small_text).prepare()
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "\n" not in warnings[0]
+    assert warnings[0].startswith(f"the token cache entry {first.folder} is damaged: {file} ")
+    assert warnings[0].endswith("; preparing it again")
+    assert again.folder == first.folder and again.made_now
+    assert {name: (again.folder / name).read_bytes() for name in good} == good  # the same tokens, whole
+    assert entries(tmp_path) == [first.folder.name]
+
+
+def test_an_entry_is_checked_without_reading_its_token_files(tmp_path, small_text, monkeypatch):
+    """The check is cheap: sizes and a hash of the tokenizer, not a pass over the tokens."""
+    first = datamodule(tmp_path, small_text).prepare()
+    real_open = open
+    opened = []
+    monkeypatch.setattr("builtins.open", lambda file, *a, **k: (opened.append(str(file)), real_open(file, *a, **k))[1])
+    assert data.cache.open_cache(first.folder) is not None
+    assert not [f for f in opened if f.endswith(".bin")]
+
+
+@pytest.mark.slow
+def test_train_py_rebuilds_a_truncated_entry_and_trains_on_all_of_it(tmp_path, small_text):
+    """As a user meets it: the cache entry a run made is cut short, and the next run says so and
+    trains on the whole text, with the same number of tokens as the first."""
+    env = {**os.environ, "TINYGPT2_CACHE": str(tmp_path / "cache")}
+    first = run_script("train.py", *TINY, f"data.path={small_text}", cwd=tmp_path, env=env)
+    assert first.returncode == 0, first.stderr[-2000:]
+    (entry,) = (tmp_path / "cache" / "tokens").glob("*/train.bin")
+    entry.write_bytes(entry.read_bytes()[:1000])
+    second = run_script("train.py", *TINY, f"data.path={small_text}", cwd=tmp_path, env=env)
+    assert second.returncode == 0, second.stderr[-2000:]
+    damaged = [line for line in (second.stdout + second.stderr).splitlines() if "is damaged" in line]
+    assert len(damaged) == 1 and f"entry {entry.parent} is damaged: train.bin holds 1,000 bytes" in damaged[0]
+    counted = [re.search(r"([\d,]+) training and", out.stdout + out.stderr).group(1) for out in (first, second)]
+    assert counted[0] == counted[1]
+
+
+@pytest.mark.slow
+def test_a_full_disk_while_writing_the_cache_is_one_line_and_the_work_is_kept(tmp_path, small_text):
+    env = {**os.environ, "TINYGPT2_CACHE": str(tmp_path / "cache"), "TINYGPT2_FAILPOINT": "cache_enospc:1"}
+    proc = run_script("train.py", *TINY, f"data.path={small_text}", cwd=tmp_path, env=env)
+    assert proc.returncode == 1
+    line = one_error_line(proc.stderr)
+    (staging,) = (tmp_path / "cache" / "tokens").glob("*.partial")
+    assert line.startswith(f"error: the disk is full: writing the token cache at {staging / 'train.bin'} failed; "
+                           f"the partial entry {staging} (")
+    assert "MB) is kept" in line and line.endswith("or set data.cache_dir to a disk with room")
+    del env["TINYGPT2_FAILPOINT"]  # space again: the next run goes on from the kept shards
+    again = run_script("train.py", *TINY, f"data.path={small_text}", cwd=tmp_path, env=env)
+    assert again.returncode == 0 and "resuming: " in again.stdout + again.stderr
+    assert not staging.exists()
