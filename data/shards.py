@@ -10,12 +10,17 @@ val.bin.
     <staging>/shards/000012.train.bin   ids of shard 12's training text
                     000012.val.bin
                     000012.json         its record; written last
+
+Each file appears whole, by a rename, so a resumed run never reads a shard cut off part way. Workers
+end with the process that started them, even one killed outright, so none outlives it to write into
+a staging folder that a resumed run has taken over.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import ctypes
 import itertools
 import json
 import logging
@@ -24,6 +29,8 @@ import os
 import shutil
 import signal
 import sys
+import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -64,10 +71,11 @@ class ShardEncoder:
 
     def __call__(self, index: int, items: list[Item]) -> dict[str, int]:
         counts = dict.fromkeys(COUNTS, 0)
+        paths = {split: self.folder / f"{index:06d}.{split}.bin" for split in SPLITS}
+        # written under this process's own names, then renamed: a shard file is whole or absent
+        temps = {split: path.with_name(f".{path.name}.{os.getpid()}.tmp") for split, path in paths.items()}
         with contextlib.ExitStack() as stack:
-            files = {
-                split: stack.enter_context(open(self.folder / f"{index:06d}.{split}.bin", "wb")) for split in SPLITS
-            }
+            files = {split: stack.enter_context(open(temps[split], "wb")) for split in SPLITS}
             for batch in self.batches(self.documents(items)):
                 encodings = self.tokenizer.encode_batch_fast([text for _, text, _ in batch], add_special_tokens=False)
                 chunks: dict[str, list[np.ndarray]] = {split: [] for split in SPLITS}
@@ -81,6 +89,8 @@ class ShardEncoder:
                         ids = np.concatenate(arrays)
                         ids.tofile(files[split])
                         counts[f"{split}_tokens"] += len(ids)
+        for split in SPLITS:
+            os.replace(temps[split], paths[split])
         return counts
 
     def documents(self, items: list[Item]) -> Iterator[tuple[str, str, bool]]:
@@ -189,13 +199,45 @@ def join_shards(folder: Path, count: int, target: Path) -> None:
 # ---- worker processes ------------------------------------------------------------------------------
 
 _encoder: ShardEncoder | None = None
+PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+WATCH_SECONDS = 1.0
 
 
-def start_worker(*args) -> None:
+def start_worker(parent: int, *args) -> None:
     global _encoder
+    end_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the reading process's to handle
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per worker: the workers are the parallelism
     _encoder = ShardEncoder(*args)
+
+
+def end_with_parent(parent: int) -> None:
+    """Make this worker die with the process `parent` that started it, however that ends: killed
+    outright, it cannot shut its pool down, and a worker left behind would wait for work forever.
+
+    On Linux the kernel sends SIGKILL when the parent goes (prctl's parent-death signal, strictly when
+    the thread that forked this worker ends: the one that made the pool, which keeps it until shutdown);
+    elsewhere a thread looks every WATCH_SECONDS. A parent that died before either was in place is
+    noticed now, since this worker then has another parent already."""
+    if not (sys.platform.startswith("linux") and set_death_signal(signal.SIGKILL)):
+        threading.Thread(target=watch_parent, args=(parent,), name="watch-parent", daemon=True).start()
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def set_death_signal(sig: int) -> bool:
+    """The signal this process gets when its parent dies (Linux); False where that cannot be set."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_PDEATHSIG, ctypes.c_ulong(sig), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def watch_parent(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(WATCH_SECONDS)
+    os._exit(1)
 
 
 def encode_in_worker(index: int, items: list[Item]) -> dict[str, int]:
@@ -212,7 +254,9 @@ class WorkerPool:
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
         try:
             context = multiprocessing.get_context(method)
-            self.pool = ProcessPoolExecutor(num_proc, mp_context=context, initializer=start_worker, initargs=args)
+            self.pool = ProcessPoolExecutor(
+                num_proc, mp_context=context, initializer=start_worker, initargs=(os.getpid(), *args)
+            )
             self.pool.submit(int).result()  # with fork, every worker starts now, while the setting above holds
         finally:
             if previous is None:

@@ -10,7 +10,10 @@ Every tokenizer has `<|endoftext|>`, the token that separates documents.
 from __future__ import annotations
 
 import json
+import logging
 import os
+import sys
+import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
@@ -18,16 +21,27 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, proce
 
 from .errors import DataError
 
+log = logging.getLogger(__name__)
+
 EOT = "<|endoftext|>"
 UNK = "<|unk|>"  # char tokenizer: a character the training split never showed
 BYTE_ALPHABET = 256
 ANY_CHARACTER = r"[\s\S]"
+# GPT-2's pre-tokenizer cuts text into words with this regex (tokenizers' ByteLevel uses it), then BPE
+# learns merges within words. Learning a merge rewrites each word that holds the pair, in time growing
+# with the square of the word's length, so a text without spaces (a DNA sequence, a file of one repeated
+# byte), one word of millions of bytes, would take hours. Training therefore cuts the runs of the regex
+# at TRAIN_RUN characters; ordinary text has no such runs (Tiny Shakespeare's longest word has 16).
+GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+TRAIN_RUN = 256
+REPORT_SECONDS = 10
 
 
 def train_bpe(texts: Iterable[str], vocab_size: int) -> Tokenizer:
     """GPT-2 style byte-level BPE trained on texts, with <|endoftext|> as its one special token.
 
-    Every byte has a token, so any text encodes and decodes back exactly.
+    Every byte has a token, so any text encodes and decodes back exactly. Words longer than TRAIN_RUN
+    characters are learnt from in pieces; the tokenizer returned encodes with GPT-2's own pre-tokenizer.
     """
     if vocab_size < BYTE_ALPHABET + 1:
         raise DataError(
@@ -35,16 +49,45 @@ def train_bpe(texts: Iterable[str], vocab_size: int) -> Tokenizer:
             f"tokens plus {EOT}, so at least {BYTE_ALPHABET + 1}"
         )
     tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.pre_tokenizer = training_pre_tokenizer()
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
         special_tokens=[EOT],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
+        show_progress=sys.stderr.isatty(),  # the library's own bars, through the merges, where someone watches
     )
-    tokenizer.train_from_iterator(texts, trainer)
+    tokenizer.train_from_iterator(reported(texts, vocab_size), trainer)
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     return tokenizer
+
+
+def training_pre_tokenizer() -> pre_tokenizers.PreTokenizer:
+    """GPT-2's byte-level pre-tokenizer, but with no word longer than TRAIN_RUN characters (plus a space)."""
+    bounded = GPT2_SPLIT.replace("+", f"{{1,{TRAIN_RUN}}}")
+    return pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(bounded), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+
+
+def reported(texts: Iterable[str], vocab_size: int) -> Iterator[str]:
+    """texts, passed on as they are; says every REPORT_SECONDS how much has been read, and at the end
+    how much the merges are learnt from."""
+    started = last_report = time.monotonic()
+    chars = 0
+    for text in texts:
+        yield text
+        chars += len(text)
+        if time.monotonic() - last_report >= REPORT_SECONDS:
+            log.info("tokenizer: read %.1f M characters of the training split so far", chars / 1e6)
+            last_report = time.monotonic()
+    log.info(
+        "tokenizer: learning %d byte-level BPE tokens from %s characters (read in %.1f s)",
+        vocab_size, f"{chars:,}", time.monotonic() - started,
+    )
 
 
 def train_char(texts: Iterable[str]) -> Tokenizer:
