@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -56,8 +57,31 @@ def check_destination(out: Path, ckpt: Path, force: bool) -> None:
     if out.is_dir() and any(out.iterdir()):
         if not force:
             raise ExportError(f"--out {out} is not empty; choose a new folder, or pass --force to replace the model in it")
-        if not (out / "config.json").is_file():
-            raise ExportError(f"--out {out} holds files that are not a Hugging Face model; --force only replaces model folders")
+        check_replaceable(out)
+
+
+# What a folder may hold for --force to replace it: this export's files, or a GPT-2 that transformers saved.
+MODEL_FILES = {*FILES, "generation_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
+               "added_tokens.json", "pytorch_model.bin", "model.safetensors.index.json", "pytorch_model.bin.index.json"}
+MODEL_SHARD = re.compile(r"(model|pytorch_model)-\d{5}-of-\d{5}\.(safetensors|bin)")
+
+
+def check_replaceable(out: Path) -> None:
+    """--force replaces a folder only when all it holds is a Hugging Face model's files; anything else
+    (the user's own files, a config.json that describes no model) would be lost, so it is refused."""
+    for entry in sorted(out.iterdir()):
+        if entry.is_dir() or not (entry.name in MODEL_FILES or MODEL_SHARD.fullmatch(entry.name)):
+            shown = f"{entry.name}/" if entry.is_dir() else entry.name
+            raise ExportError(f"--out {out} holds {shown}, which is not a Hugging Face model's file; --force replaces "
+                              "only a folder of model files, and would lose it. Choose another folder")
+    try:
+        config = json.loads((out / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        config = None
+    is_model = isinstance(config, dict) and "model_type" in config
+    if not is_model:
+        raise ExportError(f"--out {out}: its config.json describes no model (no model_type); --force replaces only a "
+                          "Hugging Face model folder, and would lose it. Choose another folder")
 
 
 def write_folder(folder: Path, loaded: Loaded, tokenizer: Tokenizer) -> None:

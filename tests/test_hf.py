@@ -18,6 +18,7 @@ from generation.checkpoint import CheckpointError, load_checkpoint
 from model import GPT
 from model.hf import from_hf_state_dict
 
+from .common import one_error_line
 from .tiny import EOT, train_tiny_gpt, write_checkpoint
 
 transformers.utils.logging.set_verbosity_error()
@@ -76,12 +77,34 @@ def test_the_parity_check_catches_different_numbers(tiny_run, tiny_tokenizer, ti
 def test_export_replaces_an_earlier_export_only_with_force(tiny_run, tmp_path, capsys):
     out = tmp_path / "exported"
     assert export.main(["--ckpt", str(tiny_run), "--out", str(out)]) == 0
-    (out / "stale.txt").write_text("from before")
+    (out / "generation_config.json").write_text("{}")  # as transformers' save_pretrained leaves it
     assert export.main(["--ckpt", str(tiny_run), "--out", str(out)]) == 1
-    assert "--force" in capsys.readouterr().err and (out / "stale.txt").exists()
+    assert "--force" in capsys.readouterr().err and (out / "generation_config.json").exists()
     assert export.main(["--ckpt", str(tiny_run), "--out", str(out), "--force"]) == 0
     assert sorted(p.name for p in out.iterdir()) == sorted(export.FILES)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["exported"]
+
+
+def test_force_never_deletes_the_users_files_beside_a_config_json(tiny_run, tmp_path, capsys):
+    """A project folder with a config.json of its own is no model folder: --force refuses it, naming a
+    file it would lose, and every file stays as it was."""
+    project = tmp_path / "project"
+    (project / "src").mkdir(parents=True)
+    files = {"config.json": '{"learning_rate": 0.1}', "notes.txt": "mine", "src/main.py": "print('hi')\n"}
+    for name, text in files.items():
+        (project / name).write_text(text)
+    assert export.main(["--ckpt", str(tiny_run), "--out", str(project), "--force"]) == 1
+    assert one_error_line(capsys.readouterr().err) == (
+        f"error: --out {project} holds notes.txt, which is not a Hugging Face model's file; --force replaces only a "
+        "folder of model files, and would lose it. Choose another folder"
+    )
+    del files["notes.txt"], files["src/main.py"]
+    (project / "notes.txt").unlink()
+    shutil.rmtree(project / "src")  # only the config.json left: it still describes no model
+    assert export.main(["--ckpt", str(tiny_run), "--out", str(project), "--force"]) == 1
+    assert "its config.json describes no model" in one_error_line(capsys.readouterr().err)
+    assert {p.name: p.read_text() for p in project.iterdir()} == files
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["project"]  # nothing written beside it
 
 
 def test_a_model_without_biases_exports_with_zero_biases(tiny_tokenizer, tiny_text, tmp_path, capsys):
