@@ -2,11 +2,37 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
+from omegaconf import OmegaConf
+
 ROOT = Path(__file__).resolve().parents[1]
-SHAKESPEARE = Path(os.environ.get("TINYSHAKESPEARE", ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"))
+
+# The default data settings (data.cache_dir, data.local_copies), as train.py composes them
+SHAKESPEARE_DEFAULTS = OmegaConf.load(ROOT / "configs" / "data" / "shakespeare.yaml")
+# The user's own cache ($TINYGPT2_CACHE or ~/.cache/tinygpt2), read when the tests start, before
+# conftest.py points TINYGPT2_CACHE at a folder of the session's own
+USER_CACHE = Path(SHAKESPEARE_DEFAULTS.cache_dir).expanduser()
+# A data.url that fails at once: the tests never download
+NO_DOWNLOAD = "file:///nonexistent/input.txt"
+PUT_SHAKESPEARE = "put it at ../shared/data/tinyshakespeare.txt beside the checkout, or set TINYSHAKESPEARE=/path/to/it"
+NEEDS_SHAKESPEARE = f"needs Tiny Shakespeare: {PUT_SHAKESPEARE}"
+
+
+@functools.cache
+def find_tiny_shakespeare() -> Path | None:
+    """Tiny Shakespeare found as `python train.py` run in the checkout finds it (data.sources):
+    $TINYSHAKESPEARE in the place of data.path, then the user's cache, then data.local_copies; but
+    never downloaded. None when this machine has no copy."""
+    if os.environ.get("TINYSHAKESPEARE"):
+        return Path(os.environ["TINYSHAKESPEARE"]).expanduser()
+    from data.sources import find_shakespeare
+
+    copies = [os.path.normpath(ROOT / Path(copy).expanduser()) for copy in SHAKESPEARE_DEFAULTS.local_copies]
+    found = find_shakespeare(str(USER_CACHE), copies, NO_DOWNLOAD)
+    return Path(found) if found else None
 
 # Overrides that make any composed config a tiny, quick CPU run.
 TINY = [
@@ -32,12 +58,10 @@ TINY_MODEL = TINY[:5]
 
 def data_config(cache_dir, **values):
     """A data config as the yaml files give it, with the text source and a private cache."""
-    from omegaconf import OmegaConf
-
     base = dict(
         source="text",
         path=None,
-        url="file:///nonexistent/input.txt",
+        url=NO_DOWNLOAD,
         local_copies=[],
         cache_dir=str(cache_dir),
         val_fraction=0.1,
@@ -48,8 +72,6 @@ def data_config(cache_dir, **values):
 
 
 def bpe_config(vocab_size: int = 300, **values):
-    from omegaconf import OmegaConf
-
     return OmegaConf.create({"kind": "bpe", "vocab_size": vocab_size, "max_train_chars": 10_000_000, **values})
 
 
@@ -61,13 +83,16 @@ def compose_config(*overrides: str):
         return compose("train", overrides=list(overrides))
 
 
-def run_script(*args: str, cwd: Path = ROOT, timeout: int = 600, env: dict | None = None):
-    """A script of the project (train.py, generate.py, ...) run as a user runs it, in a subprocess.
-    From another folder than the project's, the script is named by its full path."""
+def run_script(*args: str, cwd: Path | None = None, timeout: int = 600, env: dict | None = None):
+    """A script of the project (train.py, generate.py, ...) run as a user runs it, in a subprocess, in
+    the current folder unless told: a test's own temporary folder (conftest.py), so that relative
+    paths such as outputs/ and outputs/latest land there, never in the checkout. From another folder
+    than the project's, the script is named by its full path."""
     import subprocess
     import sys
 
-    script = args[0] if Path(cwd).resolve() == ROOT else str(ROOT / args[0])
+    cwd = Path(cwd or Path.cwd())
+    script = args[0] if cwd.resolve() == ROOT else str(ROOT / args[0])
     return subprocess.run([sys.executable, script, *args[1:]], cwd=cwd, capture_output=True, text=True,
                           timeout=timeout, env=env)
 

@@ -291,7 +291,8 @@ def test_a_sample_prompt_the_tokenizer_cannot_take_is_refused_before_training(sm
     """generate.py refuses a prompt with characters a char tokenizer never saw; the samples written
     during training use the same encoding, so train.py refuses such a samples.prompts at once."""
     env = {**os.environ, "TINYGPT2_CACHE": str(tmp_path / "cache")}
-    proc = run_script("train.py", *TINY, f"data.path={small_text}", "tokenizer=char", "samples.prompts=[ROMEO:,café]",
+    tiny = [a for a in TINY if not a.startswith("tokenizer.")]
+    proc = run_script("train.py", *tiny, f"data.path={small_text}", "tokenizer=char", "samples.prompts=['ROMEO:','café']",
                       cwd=tmp_path, env=env)
     assert proc.returncode == 1
     assert one_error_line(proc.stderr) == (

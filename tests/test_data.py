@@ -231,9 +231,9 @@ def test_shakespeare_falls_back_to_pydoc_offline_with_one_warning(tmp_path, capl
     assert source.open(None).size(0) > 400_000  # a real corpus, not a stub
 
 
-def test_shakespeare_is_found_in_a_local_copy(tmp_path, shakespeare):
-    source = describe(data_config(tmp_path / "cache", source="shakespeare", local_copies=[str(shakespeare)]))
-    assert source.label == str(shakespeare)
+def test_shakespeare_is_found_in_a_local_copy(tmp_path, full_text):
+    source = describe(data_config(tmp_path / "cache", source="shakespeare", local_copies=[str(full_text)]))
+    assert source.label == str(full_text)
 
 
 def test_shakespeare_is_downloaded_once_then_read_from_the_cache(tmp_path, small_text):

@@ -140,10 +140,10 @@ prepare_corpus(data_config({cache!r}, path={path!r}, num_proc=2, shard_chars=20_
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory, shakespeare):
+def corpus(tmp_path_factory, full_text):
     """40 documents, 1 MB: about 50 shards of 20,000 characters."""
     folder = tmp_path_factory.mktemp("corpus")
-    text = shakespeare.read_text(encoding="utf-8")
+    text = full_text.read_text(encoding="utf-8")
     for i in range(40):
         (folder / f"part{i:02d}.txt").write_text(text[i * 25_000 : (i + 1) * 25_000], encoding="utf-8")
     return folder

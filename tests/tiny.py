@@ -1,9 +1,9 @@
 """Tiny real models for the generation and Hugging Face tests.
 
-A byte-level BPE trained on Tiny Shakespeare, a 2-layer, 32-wide GPT trained on it for a few dozen
-steps (so greedy decoding writes varied tokens, not one token over and over), saved three ways: as a
-tinygpt2 checkpoint (the dict training writes), and as a Hugging Face folder written by
-`transformers` itself.
+A byte-level BPE trained on the tests' text (Tiny Shakespeare where the machine has it), a 2-layer,
+32-wide GPT trained on it for a few dozen steps (so greedy decoding writes varied tokens, not one
+token over and over), saved three ways: as a tinygpt2 checkpoint (the dict training writes), and as
+a Hugging Face folder written by `transformers` itself.
 """
 
 from __future__ import annotations
@@ -75,8 +75,8 @@ def write_transformers_folder(folder: Path, gpt: GPT, tokenizer: Tokenizer) -> P
 
 
 @pytest.fixture(scope="session")
-def tiny_text(shakespeare) -> str:
-    return shakespeare.read_text(encoding="utf-8")[:60_000]
+def tiny_text(small_text) -> str:
+    return small_text.read_text(encoding="utf-8")
 
 
 @pytest.fixture(scope="session")
