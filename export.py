@@ -1,9 +1,11 @@
 """Export a checkpoint as a Hugging Face GPT-2 folder: python export.py --ckpt RUN_OR_CKPT --out DIR
 
-The folder holds config.json, model.safetensors, tokenizer.json and tokenizer_config.json, and loads
-with `GPT2LMHeadModel.from_pretrained(DIR)` and `AutoTokenizer.from_pretrained(DIR)` alone. Before
-the folder is put in place, transformers loads it and its logits on a sample text are compared with
-ours; a difference above 1e-4 fails the export and nothing is written.
+The folder is written by transformers' own `save_pretrained` (model, generation config and tokenizer,
+with <|endoftext|> as its pad token so batches work) plus a model card, README.md; it loads with
+`GPT2LMHeadModel.from_pretrained(DIR)`, `AutoTokenizer.from_pretrained(DIR)` or
+`pipeline("text-generation", model=DIR)`. Before the folder is put in place, transformers loads it and
+its logits on a sample text are compared with ours; a difference above 1e-4 fails the export and
+nothing is written. `--push-to-hub REPO` then uploads the folder with huggingface_hub.
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ from model import GPT
 from model.hf import hf_config_dict, to_hf_state_dict
 
 TOLERANCE = 1e-4
-FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
+FILES = ("README.md", "config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+         "tokenizer_config.json")
+CARD_TAG = "tinygpt2"  # in the model card's tags: marks a README.md that an export wrote
 SAMPLE_TEXT = (
     "First, the model reads this text; then transformers reads it too, and both must agree.\n"
     "Numbers such as 1024 and 3.14, quotes 'like these', accents (café, naïve) and arrows (→).\n\n"
@@ -42,7 +46,35 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ckpt", type=Path, default=NEWEST_RUN, help="a run folder, .ckpt file or Hugging Face folder (default: outputs/latest)")
     p.add_argument("--out", type=Path, required=True, help="the folder to write; must be new or empty")
     p.add_argument("--force", action="store_true", help="replace --out even if it already holds a Hugging Face model")
+    p.add_argument("--push-to-hub", metavar="REPO", default=None, help="then upload the folder to this Hub repository")
     return p.parse_args(argv)
+
+
+def check_hub_login(repo: str | None) -> None:
+    """Fail before any work if an upload was asked for and could not be made."""
+    if repo is None:
+        return
+    if not re.fullmatch(r"[\w.-]+/[\w.-]+|[\w.-]+", repo):
+        raise ExportError(f"--push-to-hub {repo} is not a repository name; use NAME or USER/NAME")
+    from huggingface_hub import get_token
+
+    if get_token() is None:
+        raise ExportError("--push-to-hub needs a Hugging Face login; run `hf auth login` or set HF_TOKEN")
+
+
+def push_to_hub(out: Path, repo: str) -> str:
+    """Upload the exported folder to repo (made if missing); returns its address."""
+    from huggingface_hub import HfApi
+
+    api = HfApi()
+    try:
+        url = api.create_repo(repo, exist_ok=True)
+        api.upload_folder(repo_id=repo, folder_path=out, commit_message="Upload a model exported by tinygpt2")
+    except Exception as err:  # network and Hub errors come as many types; the folder is written either way
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise ExportError(f"{out} is written, but uploading it to {repo} failed ({reason}); "
+                          f"upload it later with `hf upload {repo} {out}`") from None
+    return str(url)
 
 
 def check_destination(out: Path, ckpt: Path, force: bool) -> None:
@@ -60,16 +92,28 @@ def check_destination(out: Path, ckpt: Path, force: bool) -> None:
         check_replaceable(out)
 
 
-# What a folder may hold for --force to replace it: this export's files, or a GPT-2 that transformers saved.
-MODEL_FILES = {*FILES, "generation_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
+# What a folder may hold for --force to replace it: this export's files (its README.md only if it is an
+# export's model card), or a GPT-2 that transformers saved.
+MODEL_FILES = {*(set(FILES) - {"README.md"}), "generation_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
                "added_tokens.json", "pytorch_model.bin", "model.safetensors.index.json", "pytorch_model.bin.index.json"}
 MODEL_SHARD = re.compile(r"(model|pytorch_model)-\d{5}-of-\d{5}\.(safetensors|bin)")
+
+
+def is_model_card(file: Path) -> bool:
+    """A README.md that an export wrote: its front matter carries the CARD_TAG tag."""
+    try:
+        front = file.read_text(encoding="utf-8").split("\n---", 1)[0]
+    except (OSError, UnicodeDecodeError):
+        return False
+    return front.startswith("---") and re.search(rf"tags:.*\b{CARD_TAG}\b", front) is not None
 
 
 def check_replaceable(out: Path) -> None:
     """--force replaces a folder only when all it holds is a Hugging Face model's files; anything else
     (the user's own files, a config.json that describes no model) would be lost, so it is refused."""
     for entry in sorted(out.iterdir()):
+        if entry.name == "README.md" and is_model_card(entry):
+            continue
         if entry.is_dir() or not (entry.name in MODEL_FILES or MODEL_SHARD.fullmatch(entry.name)):
             shown = f"{entry.name}/" if entry.is_dir() else entry.name
             raise ExportError(f"--out {out} holds {shown}, which is not a Hugging Face model's file; --force replaces "
@@ -85,28 +129,92 @@ def check_replaceable(out: Path) -> None:
 
 
 def write_folder(folder: Path, loaded: Loaded, tokenizer: Tokenizer) -> None:
-    from safetensors.torch import save_file
+    """The model, its generation config and tokenizer through transformers' save_pretrained, and a card."""
+    import transformers
 
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
     model = loaded.model
     eot = tokenizer.token_to_id(EOT)
-    config = {**hf_config_dict(model.config, eot), "torch_dtype": "float32"}
-    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    fields = {k: v for k, v in hf_config_dict(model.config, eot).items() if k not in ("model_type", "architectures")}
+    hf_model = transformers.GPT2LMHeadModel(transformers.GPT2Config(**fields, pad_token_id=eot)).eval()
     state = {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
-    save_file(to_hf_state_dict(state, model.config), folder / "model.safetensors", metadata={"format": "pt"})
-    (folder / "tokenizer.json").write_text(loaded.tokenizer_json, encoding="utf-8")
-    specials = {"bos_token": EOT, "eos_token": EOT, "unk_token": EOT} if eot is not None else {}
-    tokenizer_config = {
-        "tokenizer_class": "PreTrainedTokenizerFast",  # reads tokenizer.json as it is
-        "model_max_length": model.config.block_size,
-        "add_prefix_space": False,
-        "clean_up_tokenization_spaces": False,  # decode gives back exactly the text that was encoded
-        **specials,
-    }
-    (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n")
+    hf_model.load_state_dict(to_hf_state_dict(state, model.config), strict=False)  # lm_head is tied to wte
+    # generation stays inside the context: past n_positions GPT-2's position table has no row
+    hf_model.generation_config = transformers.GenerationConfig(
+        bos_token_id=eot, eos_token_id=eot, pad_token_id=eot, max_length=model.config.block_size)
+    hf_model.save_pretrained(folder)
+    specials = {"bos_token": EOT, "eos_token": EOT, "unk_token": EOT, "pad_token": EOT} if eot is not None else {}
+    hf_tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer.from_str(loaded.tokenizer_json), model_max_length=model.config.block_size,
+        padding_side="left",  # a batch of prompts ends together, where generation goes on
+        clean_up_tokenization_spaces=False,  # decode gives back exactly the text that was encoded
+        **specials)
+    hf_tokenizer.save_pretrained(folder)
+    for extra in set(p.name for p in folder.iterdir()) - set(FILES):  # e.g. special_tokens_map.json
+        (folder / extra).unlink()
+    (folder / "README.md").write_text(model_card(loaded, folder), encoding="utf-8")
     umask = os.umask(0)
     os.umask(umask)
     for name in FILES:  # safetensors writes owner-only files; make them as readable as the others
         os.chmod(folder / name, 0o666 & ~umask)
+
+
+def model_card(loaded: Loaded, folder: Path) -> str:
+    """README.md for the Hub: what the model is, what it learnt from, how to load it, and its limits."""
+    c, settings = loaded.model.config, loaded.config or {}
+    data, tokenizer = settings.get("data") or {}, settings.get("tokenizer") or {}
+    result = run_result(loaded.path)
+    loss, bpc = result.get("val/loss"), result.get("val/bpc")
+    trained = "Trained with tinygpt2"
+    if data:
+        shakespeare = data.get("source") == "shakespeare" and not data.get("path")
+        trained += f" on {'Tiny Shakespeare' if shakespeare else data.get('path') or data.get('name') or data.get('source')}"
+    if settings.get("trainer", {}).get("max_steps"):
+        trained += f" for {settings['trainer']['max_steps']} steps"
+    scores = (f" Final validation loss {loss:.4f} nats per token, {bpc:.4f} bits per character." if loss and bpc else "")
+    name = folder.name.removeprefix(".").split(".partial-")[0]
+    return f"""---
+library_name: transformers
+pipeline_tag: text-generation
+tags: [gpt2, {CARD_TAG}]
+---
+
+# {name}
+
+A GPT-2 language model: {c.n_layer} layers, {c.n_head} heads, {c.n_embd} wide, {loaded.model.num_parameters():,}
+parameters, a context of {c.block_size} tokens and a vocabulary of {c.vocab_size} tokens
+({tokenizer.get('kind', 'its own')} tokenizer; `<|endoftext|>` ends a text and pads a batch).
+{trained}.{scores}
+
+## Use
+
+```python
+from transformers import pipeline
+
+generate = pipeline("text-generation", model="path/to/{name}")
+print(generate(["ROMEO:", "JULIET:"], max_new_tokens=20, do_sample=True))
+```
+
+## Limits
+
+- The context is {c.block_size} tokens: the prompt and the new tokens together must fit, since GPT-2's
+  position table has no row past it (transformers raises an IndexError). `generation_config.json`
+  sets `max_length` to {c.block_size}; with `max_new_tokens`, keep the prompt short enough.
+- A small model trained on one text: it writes in the manner of that text and knows nothing else.
+"""
+
+
+def run_result(checkpoint: Path | None) -> dict:
+    """The final metrics of the run a checkpoint belongs to (its result.json), if there are any."""
+    if checkpoint is None:
+        return {}
+    for folder in (checkpoint.parent, checkpoint.parent.parent):
+        try:
+            return json.loads((folder / "result.json").read_text(encoding="utf-8")).get("metrics") or {}
+        except (OSError, ValueError, AttributeError):
+            continue
+    return {}
 
 
 def sample_ids(tokenizer: Tokenizer, length: int) -> list[int]:
@@ -152,9 +260,11 @@ def install(staging: Path, out: Path) -> None:
         shutil.rmtree(old)
 
 
-def export(ckpt: Path, out: Path, force: bool = False) -> float:
-    """Write ckpt as a Hugging Face folder at out; returns the largest logit difference found."""
+def export(ckpt: Path, out: Path, force: bool = False, hub_repo: str | None = None) -> float:
+    """Write ckpt as a Hugging Face folder at out (and upload it to hub_repo); returns the largest logit
+    difference found."""
     check_destination(out, ckpt, force)
+    check_hub_login(hub_repo)
     loaded = load_checkpoint(ckpt)
     if loaded.tokenizer_json is None:
         raise ExportError(f"{loaded.path} carries no tokenizer; a Hugging Face folder needs one")
@@ -182,13 +292,15 @@ def export(ckpt: Path, out: Path, force: bool = False) -> float:
     print(f"wrote {out}: {', '.join(FILES)}{note}")
     print(f"checked with transformers: largest logit difference {difference:.3g} over {count} tokens (limit {TOLERANCE:g})")
     print(f"load it with GPT2LMHeadModel.from_pretrained({str(out)!r}) and AutoTokenizer.from_pretrained({str(out)!r})")
+    if hub_repo is not None:
+        print(f"uploaded to {push_to_hub(out, hub_repo)}")
     return difference
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        export(args.ckpt, args.out, args.force)
+        export(args.ckpt, args.out, args.force, args.push_to_hub)
     except (ExportError, CheckpointError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

@@ -248,3 +248,79 @@ def test_a_checkpoint_carrying_a_pickle_payload_is_refused_and_the_payload_never
     torch.save({"extra": Payload(tmp_path / "control_ran")}, control)
     torch.load(control, weights_only=False)
     assert (tmp_path / "control_ran").exists()
+
+
+# ---- an export behaves like a Hugging Face model -------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def exported(tiny_run, tmp_path_factory):
+    out = tmp_path_factory.mktemp("export") / "tiny-model"
+    assert export.main(["--ckpt", str(tiny_run), "--out", str(out)]) == 0
+    return out
+
+
+def test_the_readme_snippet_and_a_padded_pipeline_batch_work_on_an_export(exported):
+    """The README's transformers lines, as written: generate stays inside the context by itself, and the
+    pipeline serves a batch of two prompts of different lengths (padded on the left)."""
+    model = transformers.GPT2LMHeadModel.from_pretrained(exported)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(exported)
+    ids = tokenizer("ROMEO:", return_tensors="pt").input_ids
+    out = model.generate(ids, do_sample=True)
+    assert out.shape[1] == model.config.n_positions  # up to the context, not past it
+
+    generate = transformers.pipeline("text-generation", model=str(exported))
+    assert generate.tokenizer.pad_token == EOT and generate.tokenizer.padding_side == "left"
+    prompts = ["ROMEO:", "JULIET: O Romeo, Romeo, wherefore"]
+    batch = generate(prompts, max_new_tokens=6, do_sample=False, batch_size=2)
+    alone = [generate(p, max_new_tokens=6, do_sample=False)[0]["generated_text"] for p in prompts]
+    assert [rows[0]["generated_text"] for rows in batch] == alone  # padding changes nothing
+
+
+def test_the_model_card_says_what_the_model_is_and_its_limits(exported, tiny_run, tmp_path):
+    card = (exported / "README.md").read_text(encoding="utf-8")
+    config = json.loads((exported / "config.json").read_text())
+    assert card.startswith("---\nlibrary_name: transformers\n") and "tags: [gpt2, tinygpt2]" in card
+    assert f"a context of {config['n_positions']} tokens" in card and "IndexError" in card
+    assert "Final validation" not in card  # the fixture's run has no result.json: no scores made up
+    assert json.loads((exported / "generation_config.json").read_text())["max_length"] == config["n_positions"]
+
+    run = tmp_path / "run"  # a run that finished: its result.json gives the final scores
+    shutil.copytree(tiny_run, run)
+    (run / "result.json").write_text(json.dumps({"metrics": {"val/loss": 3.4347312, "val/bpc": 2.1956188}}))
+    assert export.main(["--ckpt", str(run), "--out", str(tmp_path / "out")]) == 0
+    card = (tmp_path / "out" / "README.md").read_text(encoding="utf-8")
+    assert "Final validation loss 3.4347 nats per token, 2.1956 bits per character." in card
+
+
+def test_force_replaces_an_export_with_its_card_but_not_a_readme_of_the_users(exported, tiny_run, tmp_path, capsys):
+    again = tmp_path / "again"
+    shutil.copytree(exported, again)
+    assert export.main(["--ckpt", str(tiny_run), "--out", str(again), "--force"]) == 0
+    (again / "README.md").write_text("# My project\n\nNotes I keep.\n")
+    assert export.main(["--ckpt", str(tiny_run), "--out", str(again), "--force"]) == 1
+    assert "holds README.md, which is not a Hugging Face model's file" in one_error_line(capsys.readouterr().err)
+    assert (again / "README.md").read_text() == "# My project\n\nNotes I keep.\n"
+
+
+def test_push_to_hub_without_a_login_is_refused_before_any_work(tiny_run, tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))  # no stored token either
+    out = tmp_path / "model"
+    assert export.main(["--ckpt", str(tiny_run), "--out", str(out), "--push-to-hub", "me/tiny"]) == 1
+    assert one_error_line(capsys.readouterr().err) == (
+        "error: --push-to-hub needs a Hugging Face login; run `hf auth login` or set HF_TOKEN")
+    assert not out.exists() and not any(p.name.startswith(".model") for p in tmp_path.iterdir())  # no staging
+
+
+def test_push_to_hub_offline_keeps_the_folder_and_says_how_to_upload_later(tiny_run, tmp_path, monkeypatch, capsys):
+    """Up to the upload call, for real: the Hub cannot be reached here, and the export says so in one
+    line after writing the folder."""
+    monkeypatch.setenv("HF_TOKEN", "hf_not_a_real_token")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    out = tmp_path / "model"
+    assert export.main(["--ckpt", str(tiny_run), "--out", str(out), "--push-to-hub", "me/tiny"]) == 1
+    line = one_error_line(capsys.readouterr().err)
+    assert line.startswith(f"error: {out} is written, but uploading it to me/tiny failed (")
+    assert line.endswith(f"upload it later with `hf upload me/tiny {out}`")
+    assert sorted(p.name for p in out.iterdir()) == sorted(export.FILES)
