@@ -57,6 +57,9 @@ def make_wandb(cfg: dict[str, Any], folder: RunFolder) -> Logger:
     from lightning.pytorch.loggers import WandbLogger
 
     mode = wandb_mode(cfg["mode"])
+    # wandb stages logged tables (the samples) under WANDB_DATA_DIR, ~/.local/share/wandb by default,
+    # and an offline run's sync reads them there: inside the run folder, a copied run syncs too
+    os.environ["WANDB_DATA_DIR"] = str(folder.wandb_data)
     logger = WandbLogger(
         save_dir=str(folder.path),
         id=wandb_run_id(folder),

@@ -5,16 +5,18 @@ from __future__ import annotations
 import logging
 import math
 import random
+from pathlib import Path
 from typing import Any
 
 import lightning as L
 import numpy as np
 import torch
 
-from generation.checkpoint import describe_model
+from generation.checkpoint import META_KEY, CheckpointError, describe_model, resolve_checkpoint, safe_torch_load
 from model import GPT, GPTConfig
 
 from . import failpoints
+from .checks import time_budget_seconds
 from .errors import TrainingDiverged
 from .optim import TimeBudgetSchedule, lr_factor, make_adamw
 
@@ -33,12 +35,14 @@ class GPTModule(L.LightningModule):
     """Trains `self.model`, a plain GPT.
 
     Every checkpoint it writes carries the model config, the tokenizer and the run's settings
-    (generation.checkpoint.describe_model), so `GPT.from_checkpoint` and resuming need nothing else.
+    (generation.checkpoint.describe_model), so `GPT.from_checkpoint` and resuming need nothing else,
+    and its other arguments as plain values (Lightning's hyper_parameters), so that
+    `GPTModule.load_from_checkpoint` rebuilds it under weights-only loading.
     """
 
     def __init__(
         self,
-        model_config: GPTConfig,
+        model_config: GPTConfig | dict[str, Any],
         optim: dict[str, Any],
         max_steps: int,
         val_tokens_per_char: float,
@@ -47,6 +51,15 @@ class GPTModule(L.LightningModule):
         max_time_seconds: float | None = None,
     ):
         super().__init__()
+        if isinstance(model_config, dict):
+            model_config = GPTConfig.from_dict(model_config)
+        # The tokenizer and the run's settings are in every checkpoint already (describe_model), and
+        # the loggers get the run's settings from training.run: neither is kept here a second time.
+        self.save_hyperparameters(
+            {"model_config": model_config.to_dict(), "optim": dict(optim), "max_steps": max_steps,
+             "val_tokens_per_char": val_tokens_per_char, "max_time_seconds": max_time_seconds},
+            logger=False,
+        )
         self.max_time_seconds = max_time_seconds
         self.model = GPT(model_config)
         self.optim = dict(optim)
@@ -192,10 +205,44 @@ class GPTModule(L.LightningModule):
         checkpoint["nonfinite"] = {"skipped": self.skipped_steps, "in_a_row": self.nonfinite_in_a_row}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        if "rng_states" in checkpoint:
+        if "rng_states" in checkpoint and self._trainer is not None:  # resuming; load_from_checkpoint leaves them
             set_rng_states(checkpoint["rng_states"])
         counts = checkpoint.get("nonfinite", {})
         self.skipped_steps, self.nonfinite_in_a_row = counts.get("skipped", 0), counts.get("in_a_row", 0)
+
+    @classmethod
+    def load_from_checkpoint(cls, checkpoint_path: str | Path, map_location=None, hparams_file=None, strict=None,
+                             weights_only=None, **kwargs: Any) -> GPTModule:
+        """Lightning's loader, for a tinygpt2 checkpoint or a run folder (its best, else last checkpoint).
+
+        The tokenizer and the run's settings come from the checkpoint's own description. A checkpoint
+        written before the module saved its hyperparameters is described by that alone; it did not record
+        the validation's tokens per character, so val/bpc is nan unless `val_tokens_per_char=` is given."""
+        path = resolve_checkpoint(checkpoint_path)
+        header = safe_torch_load(path, mmap=True)  # tensors stay on disk; Lightning reads the file next
+        meta = header.get(META_KEY) if isinstance(header, dict) else None
+        if not isinstance(meta, dict) or "model_config" not in meta:
+            raise CheckpointError(f"{path} has no model description (key '{META_KEY}'); was it written by tinygpt2?")
+        described: dict[str, Any] = {"tokenizer_json": meta.get("tokenizer"), "run_config": meta.get("config") or {}}
+        if cls.CHECKPOINT_HYPER_PARAMS_KEY not in header:
+            described.update(described_before_hyperparameters(path, meta))
+        return super().load_from_checkpoint(path, map_location, hparams_file, strict, weights_only, **{**described, **kwargs})
+
+
+def described_before_hyperparameters(path: Path, meta: dict[str, Any]) -> dict[str, Any]:
+    """GPTModule's arguments from the description alone (checkpoints written before the hyperparameters)."""
+    settings = meta.get("config") or {}
+    if "optim" not in settings or "trainer" not in settings:
+        raise CheckpointError(f"{path} holds no training settings, so no GPTModule can be rebuilt from it; "
+                              "load its model with GPT.from_checkpoint")
+    max_time = settings["trainer"].get("max_time")
+    return {
+        "model_config": meta["model_config"],
+        "optim": settings["optim"],
+        "max_steps": settings["trainer"]["max_steps"],
+        "val_tokens_per_char": float("nan"),
+        "max_time_seconds": time_budget_seconds(max_time) if max_time else None,
+    }
 
 
 def rng_states() -> dict[str, Any]:

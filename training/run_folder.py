@@ -7,6 +7,7 @@ the checkpoint names generation.checkpoint reads run folders by, which it define
          checkpoints/step-NNNNNN.ckpt, last.ckpt (a link to the newest step file), best.ckpt
          result.json             the final metrics, written when the run ends or stops
          metrics.csv, loss.png, samples.md, tensorboard/, wandb/, .wandb_id
+         wandb/data/             wandb's data folder (artifacts staged for an offline run's sync)
          .hydra/, train.log      Hydra's record of the command line, and the log
          .lock                   held by the process training the run
 """
@@ -74,6 +75,7 @@ class RunFolder:
     samples_file = property(lambda self: self.path / "samples.md")
     tensorboard = property(lambda self: self.path / "tensorboard")
     wandb_id_file = property(lambda self: self.path / ".wandb_id")
+    wandb_data = property(lambda self: self.path / "wandb" / "data")
     lock_file = property(lambda self: self.path / ".lock")
 
     @staticmethod
