@@ -162,13 +162,16 @@ def describe_model(model_config: GPTConfig, tokenizer_json: str | None, run_sett
 
 
 def read_header(path: str | Path) -> dict[str, Any]:
-    """A training checkpoint's step and run settings, read without loading its tensors into memory."""
+    """A training checkpoint's step, run settings, tokenizer and model config (None if it has no
+    description), and whether Lightning saved the module's hyperparameters; read without loading its
+    tensors into memory."""
     path = Path(path)
     ckpt = safe_torch_load(path, mmap=True)
     if not isinstance(ckpt, dict) or "global_step" not in ckpt:
         raise CheckpointError(f"{path} is not a tinygpt2 training checkpoint (it holds no training state)")
     meta = ckpt.get(META_KEY) if isinstance(ckpt.get(META_KEY), dict) else {}
-    return {"step": int(ckpt["global_step"]), "settings": meta.get("config") or {}, "tokenizer": meta.get("tokenizer")}
+    return {"step": int(ckpt["global_step"]), "settings": meta.get("config") or {}, "tokenizer": meta.get("tokenizer"),
+            "model_config": meta.get("model_config"), "hyperparameters": "hyper_parameters" in ckpt}
 
 
 def checkpoint_step(path: str | Path) -> int:

@@ -71,6 +71,13 @@ def data_config(cache_dir, **values):
     return OmegaConf.create({**base, **values})
 
 
+def write_documents(folder: Path, text: str, count: int, chars: int = 25_000) -> Path:
+    """folder holding `count` text files, the consecutive `chars`-character parts of text."""
+    for i in range(count):
+        (folder / f"part{i:02d}.txt").write_text(text[i * chars : (i + 1) * chars], encoding="utf-8")
+    return folder
+
+
 def bpe_config(vocab_size: int = 300, **values):
     return OmegaConf.create({"kind": "bpe", "vocab_size": vocab_size, "max_train_chars": 10_000_000, **values})
 

@@ -22,7 +22,7 @@ from data.cache import find_cache
 from data.datamodule import TextDataModule
 from data.tokenizer import EOT
 
-from .common import ROOT, TINY, bpe_config, data_config, one_error_line, run_script
+from .common import ROOT, TINY, bpe_config, data_config, one_error_line, run_script, write_documents
 
 
 def datamodule(cache_dir, path, tokenizer=None, progress=None, **data):
@@ -38,11 +38,7 @@ def entries(cache_dir):
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory, full_text):
     """24 documents, 600 KB: enough for many shards."""
-    folder = tmp_path_factory.mktemp("corpus")
-    text = full_text.read_text(encoding="utf-8")
-    for i in range(24):
-        (folder / f"part{i:02d}.txt").write_text(text[i * 25_000 : (i + 1) * 25_000], encoding="utf-8")
-    return folder
+    return write_documents(tmp_path_factory.mktemp("corpus"), full_text.read_text(encoding="utf-8"), 24)
 
 
 def test_second_preparation_reuses_the_cache(tmp_path, small_text, monkeypatch):

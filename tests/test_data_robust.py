@@ -24,7 +24,7 @@ from data.prepare import prepare_corpus
 from data.shards import SPLITS, ShardEncoder
 from data.tokenizer import EOT, TRAIN_RUN, train_bpe, train_char, training_pre_tokenizer
 
-from .common import ROOT, data_config
+from .common import ROOT, data_config, write_documents
 
 # ---- BPE training on text without spaces ------------------------------------------------------------
 
@@ -142,11 +142,7 @@ prepare_corpus(data_config({cache!r}, path={path!r}, num_proc=2, shard_chars=20_
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory, full_text):
     """40 documents, 1 MB: about 50 shards of 20,000 characters."""
-    folder = tmp_path_factory.mktemp("corpus")
-    text = full_text.read_text(encoding="utf-8")
-    for i in range(40):
-        (folder / f"part{i:02d}.txt").write_text(text[i * 25_000 : (i + 1) * 25_000], encoding="utf-8")
-    return folder
+    return write_documents(tmp_path_factory.mktemp("corpus"), full_text.read_text(encoding="utf-8"), 40)
 
 
 def children(pid: int) -> list[int]:

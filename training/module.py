@@ -12,7 +12,7 @@ import lightning as L
 import numpy as np
 import torch
 
-from generation.checkpoint import META_KEY, CheckpointError, describe_model, resolve_checkpoint, safe_torch_load
+from generation.checkpoint import CheckpointError, describe_model, read_header, resolve_checkpoint
 from model import GPT, GPTConfig
 
 from . import failpoints
@@ -219,25 +219,24 @@ class GPTModule(L.LightningModule):
         written before the module saved its hyperparameters is described by that alone; it did not record
         the validation's tokens per character, so val/bpc is nan unless `val_tokens_per_char=` is given."""
         path = resolve_checkpoint(checkpoint_path)
-        header = safe_torch_load(path, mmap=True)  # tensors stay on disk; Lightning reads the file next
-        meta = header.get(META_KEY) if isinstance(header, dict) else None
-        if not isinstance(meta, dict) or "model_config" not in meta:
-            raise CheckpointError(f"{path} has no model description (key '{META_KEY}'); was it written by tinygpt2?")
-        described: dict[str, Any] = {"tokenizer_json": meta.get("tokenizer"), "run_config": meta.get("config") or {}}
-        if cls.CHECKPOINT_HYPER_PARAMS_KEY not in header:
-            described.update(described_before_hyperparameters(path, meta))
+        header = read_header(path)  # tensors stay on disk; Lightning reads the file next
+        if header["model_config"] is None:
+            raise CheckpointError(f"{path} has no model description; was it written by tinygpt2?")
+        described: dict[str, Any] = {"tokenizer_json": header["tokenizer"], "run_config": header["settings"]}
+        if not header["hyperparameters"]:
+            described.update(described_before_hyperparameters(path, header))
         return super().load_from_checkpoint(path, map_location, hparams_file, strict, weights_only, **{**described, **kwargs})
 
 
-def described_before_hyperparameters(path: Path, meta: dict[str, Any]) -> dict[str, Any]:
+def described_before_hyperparameters(path: Path, header: dict[str, Any]) -> dict[str, Any]:
     """GPTModule's arguments from the description alone (checkpoints written before the hyperparameters)."""
-    settings = meta.get("config") or {}
+    settings = header["settings"]
     if "optim" not in settings or "trainer" not in settings:
         raise CheckpointError(f"{path} holds no training settings, so no GPTModule can be rebuilt from it; "
                               "load its model with GPT.from_checkpoint")
     max_time = settings["trainer"].get("max_time")
     return {
-        "model_config": meta["model_config"],
+        "model_config": header["model_config"],
         "optim": settings["optim"],
         "max_steps": settings["trainer"]["max_steps"],
         "val_tokens_per_char": float("nan"),
