@@ -19,11 +19,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
-
-import datasets
+from typing import TYPE_CHECKING, Any
 
 from .errors import DataError
+
+if TYPE_CHECKING:  # a part only holds a function that opens its stream: the sources import datasets
+    import datasets
 
 SAMPLE_WINDOW = 100_000  # characters: the tokenizer's sample of a large corpus is windows this long
 
@@ -56,7 +57,7 @@ class Part:
                 if known is None:
                     self.check_column(list(batch))
                 texts = batch[self.column]
-                yield list(zip(texts, batch.get("continues") or [False] * len(texts))), stream.state_dict()
+                yield list(zip(texts, batch.get("continues") or [False] * len(texts), strict=True)), stream.state_dict()
         except DataError:
             raise
         except Exception as err:

@@ -148,13 +148,17 @@ def test_greedy_generation_equals_transformers_generate(transformers_folder, tin
         assert ours.tolist() == theirs.tolist(), prompt
         generated |= set(ours[0, idx.size(1) :].tolist())
 
-        code = generate.main(["--ckpt", str(transformers_folder), "--prompt", prompt, "--temperature", "0", "--max-new-tokens", str(new)])
+        code = generate.main(
+            ["--ckpt", str(transformers_folder), "--prompt", prompt, "--temperature", "0", "--max-new-tokens", str(new)]
+        )
         out = capsys.readouterr().out
         assert code == 0 and out == hf_tokenizer.decode(theirs[0], skip_special_tokens=True) + "\n"
     assert len(generated) > 5  # varied tokens, not one repeated: the comparison has something to compare
 
 
-def test_gpt2_folders_with_only_vocab_and_merges_and_a_bin_file(transformers_folder, tiny_gpt, tiny_tokenizer, tiny_text, tmp_path):
+def test_gpt2_folders_with_only_vocab_and_merges_and_a_bin_file(
+    transformers_folder, tiny_gpt, tiny_tokenizer, tiny_text, tmp_path
+):
     """The layout of the original GPT-2 release: pytorch_model.bin with keys lacking `transformer.`,
     causal-mask buffers, and the tokenizer as vocab.json + merges.txt."""
     folder = tmp_path / "gpt2-like"
@@ -166,7 +170,9 @@ def test_gpt2_folders_with_only_vocab_and_merges_and_a_bin_file(transformers_fol
         state[f"h.{i}.attn.bias"] = torch.tril(torch.ones(1, 1, 32, 32))
     torch.save(state, folder / "pytorch_model.bin")
     tiny_tokenizer.model.save(str(folder))  # vocab.json and merges.txt
-    assert {"vocab.json", "merges.txt"} <= {p.name for p in folder.iterdir()} and not (folder / "tokenizer.json").exists()
+    assert {"vocab.json", "merges.txt"} <= {p.name for p in folder.iterdir()} and not (
+        folder / "tokenizer.json"
+    ).exists()
 
     loaded = load_checkpoint(folder)
     assert_same_state(loaded.model, tiny_gpt)
@@ -229,7 +235,8 @@ def test_a_checkpoint_carrying_a_pickle_payload_is_refused_and_the_payload_never
     torch.save({**ckpt, "extra": Payload(marker)}, legacy, _use_new_zipfile_serialization=False)
 
     for path in (evil, legacy):
-        with pytest.raises(CheckpointError, match=r"refused to load .*\(io\.open\)"):
+        # the payload is named as the pickle names it: io.open, or _io.open with other Python and torch versions
+        with pytest.raises(CheckpointError, match=r"refused to load .*\((\w+\.)*open\)"):
             GPT.from_checkpoint(path)
         assert generate.main(["--ckpt", str(path), "--prompt", "ROMEO:"]) == 1
         assert "refused to load" in capsys.readouterr().err
@@ -237,7 +244,9 @@ def test_a_checkpoint_carrying_a_pickle_payload_is_refused_and_the_payload_never
         assert "refused to load" in capsys.readouterr().err
     hf_folder = tmp_path / "evil_hf"
     hf_folder.mkdir()
-    (hf_folder / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_layer": 1, "n_head": 1, "n_embd": 4, "n_positions": 4, "vocab_size": 8}))
+    (hf_folder / "config.json").write_text(
+        json.dumps({"model_type": "gpt2", "n_layer": 1, "n_head": 1, "n_embd": 4, "n_positions": 4, "vocab_size": 8})
+    )
     torch.save({"wte.weight": torch.zeros(8, 4), "extra": Payload(marker)}, hf_folder / "pytorch_model.bin")
     with pytest.raises(CheckpointError, match="refused to load"):
         GPT.from_checkpoint(hf_folder)
@@ -309,7 +318,8 @@ def test_push_to_hub_without_a_login_is_refused_before_any_work(tiny_run, tmp_pa
     out = tmp_path / "model"
     assert export.main(["--ckpt", str(tiny_run), "--out", str(out), "--push-to-hub", "me/tiny"]) == 1
     assert one_error_line(capsys.readouterr().err) == (
-        "error: --push-to-hub needs a Hugging Face login; run `hf auth login` or set HF_TOKEN")
+        "error: --push-to-hub needs a Hugging Face login; run `hf auth login` or set HF_TOKEN"
+    )
     assert not out.exists() and not any(p.name.startswith(".model") for p in tmp_path.iterdir())  # no staging
 
 

@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import csv
+import json
+import re
+import struct
+from pathlib import Path
 
 import pytest
+import yaml
+from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from training.loggers import wandb_credentials_present, wandb_mode
+from model import GPT
+from training.checks import SettingError, check_values
+from training.loggers import flat_settings, wandb_credentials_present, wandb_mode
 from training.run import train
+from training.run_folder import RunFolder
 
 from .common import TINY, compose_config
 
@@ -30,8 +39,14 @@ def tracked_run(tmp_path_factory, small_text):
     """One tiny run with every logger on."""
     run = tmp_path_factory.mktemp("tracked") / "run"
     cfg = compose_config(
-        *TINY, f"data.path={small_text}", "logger=[wandb,tensorboard,csv]", "trainer.max_steps=8", "trainer.val_check_interval=4",
-        "samples.max_new_tokens=12", "samples.prompts=[ROMEO:,'']",
+        *TINY,
+        f"data.path={small_text}",
+        "logger=[wandb,tensorboard,csv]",
+        "trainer.max_steps=8",
+        "trainer.val_check_interval=4",
+        "samples.max_new_tokens=12",
+        "samples.prompts=[ROMEO:,'']",
+        "logger.wandb.log_model=true",
     )
     return train(cfg, run), run
 
@@ -50,6 +65,60 @@ def test_tensorboard_holds_every_metric_and_the_samples(tracked_run):
     assert {"samples/0/text_summary", "samples/1/text_summary"} <= set(events.Tags()["tensors"])
 
 
+def tensorboard_events(run: Path) -> EventAccumulator:
+    events = EventAccumulator(str(RunFolder(run).tensorboard), size_guidance={"scalars": 0, "tensors": 0})
+    events.Reload()
+    return events
+
+
+def hparams_session_groups(logdir: Path) -> list:
+    """The rows of TensorBoard's HParams tab for the runs under logdir, as its plugin computes them."""
+    from tensorboard import context
+    from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
+    from tensorboard.plugins import base_plugin
+    from tensorboard.plugins.hparams import api_pb2, backend_context, list_session_groups
+
+    runs = plugin_event_multiplexer.EventMultiplexer()
+    runs.AddRunsFromDirectory(str(logdir))
+    runs.Reload()
+    tb = base_plugin.TBContext(
+        data_provider=data_provider.MultiplexerDataProvider(runs, str(logdir)), logdir=str(logdir), multiplexer=runs
+    )
+    # the tab's default: runs of every status
+    shown = [api_pb2.STATUS_UNKNOWN, api_pb2.STATUS_SUCCESS, api_pb2.STATUS_FAILURE, api_pb2.STATUS_RUNNING]
+    request = api_pb2.ListSessionGroupsRequest(start_index=0, slice_size=100, allowed_statuses=shown)
+    handler = list_session_groups.Handler(context.RequestContext(), backend_context.Context(tb), "", request)
+    return list(handler.run().session_groups)
+
+
+def test_tensorboard_hparams_tab_shows_the_settings_and_the_final_validation(tracked_run):
+    _, run = tracked_run
+    (group,) = hparams_session_groups(RunFolder(run).tensorboard)
+    settings = {name: getattr(value, value.WhichOneof("kind")) for name, value in group.hparams.items()}
+    assert settings == flat_settings(yaml.safe_load(RunFolder(run).settings_file.read_text()))  # every setting
+    assert settings["model.n_layer"] == 2 and settings["trainer.max_steps"] == 8
+    assert settings["samples.prompts"] == '["ROMEO:", ""]' and settings["trainer.max_time"] == "null"
+    assert settings["logger.wandb.log_model"] == "true" and settings["logger.csv"] == "{}"
+    events = tensorboard_events(run)
+    final = {tag: (events.Scalars(tag)[-1].value, events.Scalars(tag)[-1].step) for tag in ("val/loss", "val/bpc")}
+    assert {m.name.tag: (m.value, m.training_step) for m in group.metric_values} == final
+    assert final["val/loss"][1] == 7  # the validation after the last step
+    assert [e.step for e in events.Scalars("val/loss")] == [3, 7]  # no placeholder point from the hparams
+
+
+def test_samples_are_logged_at_the_step_of_the_validation_they_follow(tracked_run):
+    _, run = tracked_run
+    events = tensorboard_events(run)
+    validations = [e.step for e in events.Scalars("val/loss")]
+    assert validations == [3, 7]
+    for prompt in (0, 1):
+        assert [e.step for e in events.Tensors(f"samples/{prompt}/text_summary")] == validations
+    written = re.findall(r"^## step (\d+), prompt", RunFolder(run).samples_file.read_text(), flags=re.M)
+    assert [int(step) for step in written] == [3, 3, 7, 7]
+    rows = list(csv.DictReader(open(run / "metrics.csv")))
+    assert [int(row["step"]) for row in rows if row["val/loss"]] == validations
+
+
 def test_csv_holds_every_metric(tracked_run):
     _, run = tracked_run
     rows = list(csv.DictReader(open(run / "metrics.csv")))
@@ -63,6 +132,81 @@ def test_wandb_logs_offline_with_the_config_and_sample_tables(tracked_run):
     records = next(offline.glob("run-*.wandb")).read_bytes()
     assert b"tokens_per_step" in records and b"n_layer" in records  # the whole resolved config
     assert list((offline / "files" / "media" / "table").glob("samples_*.table.json"))
+
+
+def wandb_records(run: Path):
+    """The records of an offline run's .wandb file, as wandb's protobuf Records. The file is a log of
+    32 KiB blocks after a 7-byte header; each piece of a record has a header of a checksum, a length and
+    a kind (1 whole, 2 first, 3 middle, 4 last)."""
+    from wandb.proto import wandb_internal_pb2
+
+    (path,) = (run / "wandb").glob("offline-run-*/run-*.wandb")
+    data, pos, pieces = path.read_bytes(), 7, []
+    assert data.startswith(b":W&B")
+    while pos + 7 <= len(data):
+        if 32768 - pos % 32768 < 7:  # too little room left in the block for a header: padding
+            pos += 32768 - pos % 32768
+            continue
+        length, kind = struct.unpack_from("<HB", data, pos + 4)
+        if kind == 0:
+            break
+        pieces.append(data[pos + 7 : pos + 7 + length])
+        pos += 7 + length
+        if kind in (1, 4):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(b"".join(pieces))
+            pieces.clear()
+            yield record
+
+
+def wandb_history(run: Path) -> list[dict]:
+    rows = []
+    for record in wandb_records(run):
+        if record.WhichOneof("record_type") == "history":
+            items = record.history.item
+            rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in items})
+    return rows
+
+
+def test_wandb_logs_the_samples_at_the_step_of_their_validation(tracked_run):
+    _, run = tracked_run
+    rows = wandb_history(run)
+    validations = [row["trainer/global_step"] for row in rows if "val/loss" in row]
+    samples = [row for row in rows if "samples/path" in row]
+    assert validations == [3, 7] and [row["trainer/global_step"] for row in samples] == validations
+    (offline,) = (run / "wandb").glob("offline-run-*")
+    for row in samples:
+        table = json.loads((offline / "files" / row["samples/path"]).read_text())
+        assert table["columns"][0] == "step" and {line[0] for line in table["data"]} == {row["trainer/global_step"]}
+
+
+def test_wandb_offline_stages_the_best_checkpoint_as_a_model_artifact_in_the_run_folder(tracked_run):
+    result, run = tracked_run
+    folder = RunFolder(run)
+    artifacts = [record.artifact for record in wandb_records(run) if record.WhichOneof("record_type") == "artifact"]
+    (model,) = [artifact for artifact in artifacts if artifact.type == "model"]
+    assert model.name == f"model-{folder.wandb_id_file.read_text().strip()}"
+    assert set(model.aliases) == {"best", "latest"}
+    (entry,) = model.manifest.contents
+    staged = Path(entry.local_path)
+    assert entry.path == "model.ckpt" and staged.is_relative_to(folder.wandb_data)
+    assert staged.read_bytes() == folder.best.read_bytes() and result.best_checkpoint == folder.best
+    assert GPT.from_checkpoint(staged).config == GPT.from_checkpoint(folder.best).config  # it describes itself
+    for artifact in artifacts:  # the samples tables too: everything a sync needs is in the run folder
+        assert all(Path(e.local_path).is_relative_to(folder.wandb_data) for e in artifact.manifest.contents)
+
+
+def test_wandb_keeps_the_console_output_in_the_run_folder(tracked_run):
+    _, run = tracked_run
+    (output,) = (run / "wandb").glob("offline-run-*/files/output.log")
+    assert "max_steps=8" in output.read_text()  # Lightning's last line: "`Trainer.fit` stopped: `max_steps=8` reached."
+
+
+def test_wandb_log_model_is_off_by_default_and_checked():
+    assert compose_config().logger.wandb.log_model is False
+    given = OmegaConf.to_container(compose_config("logger.wandb.log_model=sometimes"), resolve=True)
+    with pytest.raises(SettingError, match="logger.wandb.log_model must be true or false, got 'sometimes'"):
+        check_values(given)
 
 
 def test_samples_are_written_after_every_validation(tracked_run):

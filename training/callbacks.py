@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections import deque
 from pathlib import Path
@@ -10,13 +11,14 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import TQDMProgressBar
+from lightning.pytorch.callbacks import Timer, TQDMProgressBar
+from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
 from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
 from tokenizers import Tokenizer
 
 from generation.session import Sampling, Session
 
-from .flops import device_peak_flops, flops_per_token
+from .flops import device_peak_flops, flops_per_token, record_cpu_rate
 from .module import logging_step
 
 log = logging.getLogger(__name__)
@@ -24,7 +26,7 @@ log = logging.getLogger(__name__)
 
 class Throughput(L.Callback):
     """Logs train/tokens_per_sec (all processes, over a sliding window of batches), train/mfu
-    (model FLOPs utilisation against the device's peak) and train/tokens_seen."""
+    (model FLOPs utilisation against the device's peak, never above 1) and train/tokens_seen."""
 
     def __init__(self, tokens_per_step: int, world_size: int, precision: str, window: int = 20):
         self.tokens_per_step, self.world_size, self.precision = tokens_per_step, world_size, precision
@@ -32,9 +34,11 @@ class Throughput(L.Callback):
         self.tokens: deque[int] = deque(maxlen=window + 1)
         self.flops_per_token: float | None = None
         self.peak: float | None = None
+        self.device: torch.device | None = None
 
     def on_fit_start(self, trainer, pl_module) -> None:
         self.flops_per_token = flops_per_token(pl_module.model.config)
+        self.device = pl_module.device
         self.peak = device_peak_flops(pl_module.device, self.precision)
         if self.peak is None:
             log.info("peak FLOP/s of %s unknown: train/mfu is not logged", pl_module.device)
@@ -50,8 +54,23 @@ class Throughput(L.Callback):
         rate = sum(list(self.tokens)[1:]) / (self.times[-1] - self.times[0])  # tokens after the first stamp
         pl_module.log_train("train/tokens_per_sec", rate)
         if self.peak:
-            per_device = rate / self.world_size
-            pl_module.log_train("train/mfu", per_device * self.flops_per_token / self.peak)
+            pl_module.log_train("train/mfu", self.utilisation(rate / self.world_size * self.flops_per_token))
+
+    def utilisation(self, achieved: float) -> float:
+        """One device's achieved FLOP/s over its peak. A rate above the peak shows the peak too low (a
+        CPU running above every clock it names): the peak is raised to it, and on a CPU remembered
+        for later runs, so the figure never exceeds 1."""
+        if achieved > self.peak:
+            log.info(
+                "%s reached %.4g FLOP/s, above its assumed peak of %.4g: the peak is raised to it",
+                self.device,
+                achieved,
+                self.peak,
+            )
+            self.peak = achieved
+            if self.device is not None and self.device.type == "cpu":
+                record_cpu_rate(achieved)
+        return achieved / self.peak
 
     def on_validation_start(self, trainer, pl_module) -> None:
         # validation (and sampling) time is not training time: restart the window
@@ -63,8 +82,16 @@ class TextSamples(L.Callback):
     """After every validation, continues fixed prompts and logs the text: a table in wandb, text in
     TensorBoard, and `samples.md` in the run folder."""
 
-    def __init__(self, path: Path, tokenizer_json: str, prompts: list[str], max_new_tokens: int,
-                 temperature: float, top_k: int | None, seed: int):
+    def __init__(
+        self,
+        path: Path,
+        tokenizer_json: str,
+        prompts: list[str],
+        max_new_tokens: int,
+        temperature: float,
+        top_k: int | None,
+        seed: int,
+    ):
         self.path = Path(path)
         self.tokenizer = Tokenizer.from_str(tokenizer_json)
         self.prompts = list(prompts) or [""]
@@ -89,16 +116,21 @@ class TextSamples(L.Callback):
             rows = [(prompt, self.generate(model, prompt)) for prompt in self.prompts]
         finally:
             model.train(was_training)
-        step = trainer.global_step
+        # the step Lightning logged this validation's scalars at, as its own LearningRateMonitor reads it
+        # (global_step - 1 after an optimizer step): the samples sit beside the val/loss they follow
+        step = trainer.fit_loop.epoch_loop._batches_that_stepped
         with open(self.path, "a", encoding="utf-8") as out:
             for prompt, text in rows:
                 out.write(f"## step {step}, prompt {prompt!r}\n\n```\n{text}\n```\n\n")
         for logger in trainer.loggers:
             if isinstance(logger, WandbLogger):
-                logger.log_text("samples", columns=["step", "prompt", "text"], data=[[step, p, t] for p, t in rows])
+                table = [[step, prompt, text] for prompt, text in rows]
+                logger.log_text("samples", columns=["step", "prompt", "text"], data=table, step=step)
             elif isinstance(logger, TensorBoardLogger):
                 for i, (prompt, text) in enumerate(rows):
-                    logger.experiment.add_text(f"samples/{i}", f"**{prompt}**\n\n    " + text.replace("\n", "\n    "), step)
+                    logger.experiment.add_text(
+                        f"samples/{i}", f"**{prompt}**\n\n    " + text.replace("\n", "\n    "), step
+                    )
 
 
 class LossCurve(L.Callback):
@@ -151,11 +183,11 @@ def draw_loss_curve(path: Path, train: list[tuple[float, float]], val: list[tupl
 
     fig, ax = plt.subplots(figsize=(8, 5), dpi=120)
     if train:
-        tokens, losses = zip(*train)
+        tokens, losses = zip(*train, strict=True)
         ax.plot(tokens, losses, color="tab:blue", alpha=0.25, linewidth=0.8)
         ax.plot(tokens, smooth(losses), color="tab:blue", linewidth=1.8, label="train loss (smoothed)")
     if val:
-        tokens, losses = zip(*val)
+        tokens, losses = zip(*val, strict=True)
         ax.plot(tokens, losses, "o-", color="tab:orange", linewidth=1.8, label="val loss")
         ax.annotate(f"{losses[-1]:.3f}", (tokens[-1], losses[-1]), textcoords="offset points", xytext=(4, 6))
     ax.xaxis.set_major_formatter(matplotlib.ticker.EngFormatter())
@@ -179,11 +211,50 @@ def smooth(values, points: int = 40) -> list[float]:
     return out
 
 
+class BudgetBar(Tqdm):
+    """The training bar of a run limited by time: `n` and `total` are seconds, shown as the time spent
+    of the budget, with the optimizer step. The time spent may pass the budget while the last step and
+    its validation finish; the bar then stays full."""
+
+    FORMAT = "{l_bar}{bar}| {spent}/{budget} [step {step}{postfix}]"
+
+    def __init__(self, *args, spent: float = 0.0, step: int = 0, **kwargs) -> None:
+        self.spent, self.step = spent, step  # before tqdm's first draw reads them
+        super().__init__(*args, bar_format=self.FORMAT, **kwargs)
+
+    @property
+    def format_dict(self) -> dict:
+        values = super().format_dict
+        return {
+            **values,
+            "spent": self.format_interval(self.spent),
+            "budget": self.format_interval(self.total or 0),
+            "step": self.step,
+        }
+
+
+class AboveTheBars(logging.Handler):
+    """Stands in for a console log handler while a bar is drawn: tqdm clears the bars, the handler writes
+    its line, tqdm draws them again, so that no log line lands inside a bar."""
+
+    def __init__(self, console: logging.StreamHandler) -> None:
+        super().__init__(console.level)
+        self.console = console
+
+    def handle(self, record: logging.LogRecord) -> bool:
+        with Tqdm.external_write_mode(file=self.console.stream):
+            return self.console.handle(record)
+
+
 class ProgressBar(TQDMProgressBar):
-    """A tqdm bar over optimizer steps that shows loss, validation figures and tokens per second.
+    """A tqdm bar over optimizer steps, or over the time budget of a run limited by `trainer.max_time`
+    (max_steps=-1), that shows loss, validation figures and tokens per second.
 
     It redraws at most every REDRAW_SECONDS: a redraw after every step costs about half a millisecond,
-    a few percent of a small model's step on a CPU."""
+    a few percent of a small model's step on a CPU. The validation bar is throttled the same way, and
+    hidden when the output is not a terminal (a log file), where each of its redraws would be a line.
+    While the training bar is up, console log lines are written above it; it closes when the training
+    epoch ends, so that Lightning's last words ("`Trainer.fit` stopped: ...") get a line of their own."""
 
     SHOWN = {"train/loss": "loss", "val/loss": "val_loss", "val/bpc": "val_bpc", "train/tokens_per_sec": "tok/s"}
     REDRAW_SECONDS = 0.2
@@ -191,8 +262,10 @@ class ProgressBar(TQDMProgressBar):
     def __init__(self, accumulation: int) -> None:
         super().__init__()
         self.accumulation = accumulation
-        self.drawn_at = float("-inf")
+        self.drawn_at = self.val_drawn_at = float("-inf")
         self.batches_done: int | None = None  # the count the bar shows once it is next drawn
+        self.timer: Timer | None = None  # the time budget, for runs limited by time
+        self.lifted: list[logging.Logger] = []  # loggers whose console handlers write above the bar
 
     def get_metrics(self, trainer, pl_module) -> dict:
         metrics = {**pl_module.latest_train_values, **super().get_metrics(trainer, pl_module)}
@@ -203,24 +276,122 @@ class ProgressBar(TQDMProgressBar):
                 shown[label] = f"{value:.0f}" if label == "tok/s" else f"{value:.3f}"
         return shown
 
+    def init_train_tqdm(self) -> Tqdm:
+        """Steps done of max_steps (in micro-batches), counted from the step a resumed run starts at, so
+        that its rate and time left are its own; or, without max_steps, time spent of trainer.max_time
+        (Lightning's Timer keeps the time of the runs before a resume)."""
+        trainer = self.trainer
+        timers = [c for c in trainer.callbacks if isinstance(c, Timer) and c.time_remaining() is not None]
+        self.timer = timers[0] if trainer.max_steps <= 0 and timers else None
+        common = dict(
+            desc="training",
+            position=2 * self.process_position,
+            disable=self.is_disabled,
+            leave=True,
+            dynamic_ncols=True,
+            file=sys.stdout,
+            smoothing=0,
+        )
+        if self.timer is not None:
+            spent, budget = self.timer.time_elapsed(), self.timer.time_elapsed() + self.timer.time_remaining()
+            return BudgetBar(spent=spent, step=trainer.global_step, total=budget, initial=min(spent, budget), **common)
+        total = trainer.max_steps * self.accumulation if trainer.max_steps > 0 else None
+        return Tqdm(total=total, initial=trainer.global_step * self.accumulation, bar_format=self.BAR_FORMAT, **common)
+
+    def init_validation_tqdm(self) -> Tqdm:
+        below_training = self.trainer.state.fn != "validate"
+        return Tqdm(
+            desc=self.validation_description,
+            position=2 * self.process_position + below_training,
+            disable=self.is_disabled or not sys.stdout.isatty(),
+            leave=not below_training,
+            dynamic_ncols=True,
+            file=sys.stdout,
+            bar_format=self.BAR_FORMAT,
+        )
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        super().on_train_start(trainer, pl_module)
+        self.lift_console_logs()
+
     def on_train_epoch_start(self, trainer, *args) -> None:
-        super().on_train_epoch_start(trainer, *args)
-        if trainer.max_steps > 0:
-            self.train_progress_bar.reset(total=trainer.max_steps * self.accumulation)
-            self.train_progress_bar.n = trainer.global_step * self.accumulation
-        self.train_progress_bar.set_description("training")
+        # the bar counts the run's steps, not the epoch's batches: it is made in on_train_start (which a
+        # run resumed within its epoch goes through, and this hook not), and made again only if closed
+        if self.is_enabled and self.train_progress_bar.disable:
+            self.train_progress_bar = self.init_train_tqdm()
+            self.lift_console_logs()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self.batches_done = batch_idx + 1
-        now = time.perf_counter()
-        if now - self.drawn_at >= self.REDRAW_SECONDS or self.batches_done == self.train_progress_bar.total:
-            self.drawn_at = now
-            super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        last = self.timer is None and self.batches_done == self.train_progress_bar.total
+        if time.perf_counter() - self.drawn_at >= self.REDRAW_SECONDS or last:
+            self.redraw(trainer, pl_module)
+
+    def redraw(self, trainer, pl_module, count: bool = True, draw: bool = True) -> None:
+        """The bar with the latest figures; with `count`, also the steps (or time) done so far."""
+        bar = self.train_progress_bar
+        if bar.disable:
+            return
+        if count and self.timer is not None:
+            bar.spent, bar.step = self.timer.time_elapsed(), trainer.global_step
+            bar.n = min(bar.spent, bar.total)
+        elif count and self.batches_done is not None:
+            bar.n = self.batches_done
+        bar.set_postfix(self.get_metrics(trainer, pl_module), refresh=False)
+        if draw:
+            bar.refresh()
+            self.drawn_at = time.perf_counter()
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
-        if self.batches_done is not None and not self.train_progress_bar.disable:
-            self.train_progress_bar.n = self.batches_done  # the steps since the last redraw
-        super().on_train_epoch_end(trainer, pl_module)
+        self.redraw(trainer, pl_module, draw=False)
+        self.train_progress_bar.close()  # draws the bar once more, and ends its line
+        self.drop_console_logs()
+
+    def on_train_end(self, *args) -> None:
+        super().on_train_end(*args)
+        self.drop_console_logs()
+
+    def on_exception(self, trainer, pl_module, exception) -> None:
+        try:
+            self.train_progress_bar.close()  # so that the traceback starts on a line of its own
+        except TypeError:  # raised before there is a bar
+            pass
+        self.drop_console_logs()
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        now = time.perf_counter()
+        if now - self.val_drawn_at >= self.REDRAW_SECONDS or batch_idx + 1 == self.val_progress_bar.total:
+            self.val_drawn_at = now
+            super().on_validation_batch_end(trainer, pl_module, outputs, batch, batch_idx, dataloader_idx)
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        self.val_progress_bar.close()
+        self.reset_dataloader_idx_tracker()
+        if trainer.state.fn == "fit" and not trainer.sanity_checking and not trainer.should_stop:
+            self.redraw(trainer, pl_module, count=False)  # the new figures; at the end, closing draws them
+
+    def lift_console_logs(self) -> None:
+        """Console log handlers (Hydra's on the root logger, Lightning's own) write above the bars."""
+        if self.is_disabled:
+            return
+        consoles = (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__)
+        named = logging.Logger.manager.loggerDict.values()
+        loggers = [logging.getLogger(), *(v for v in named if isinstance(v, logging.Logger))]
+        for logger in loggers:
+            if logger in self.lifted:
+                continue
+            handlers = [
+                AboveTheBars(h) if isinstance(h, logging.StreamHandler) and h.stream in consoles else h
+                for h in logger.handlers
+            ]
+            if handlers != logger.handlers:
+                logger.handlers = handlers
+                self.lifted.append(logger)
+
+    def drop_console_logs(self) -> None:
+        for logger in self.lifted:
+            logger.handlers = [h.console if isinstance(h, AboveTheBars) else h for h in logger.handlers]
+        self.lifted.clear()
 
 
 class ValidateAtEnd(L.Callback):

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import platform
+import re
 import time
 from pathlib import Path
 
@@ -62,6 +64,63 @@ def gpu_peak_flops(device_name: str, precision: str) -> float | None:
     return None
 
 
+# fp32 lanes of the widest vector unit a CPU flag names (x86: /proc/cpuinfo `flags`), widest first
+X86_FP32_LANES = (("avx512f", 16), ("avx", 8), ("sse", 4))
+# Vector FMA units per core: two on x86 (the most any x86 core has), four 128-bit ones on Arm
+# (Neoverse V1/V2, Apple M). The most a core of its kind has, so the figure is an upper bound for most;
+# a core that computes faster still (say an A64FX) raises the peak by doing so (cpu_peak_flops).
+X86_FMA_UNITS, ARM_FMA_UNITS = 2, 4
+
+
+def fp32_flops_per_cycle(flags: set[str], machine: str) -> int | None:
+    """fp32 FLOPs one core can issue per clock cycle: lanes x FMA units x 2 (a multiply-add is two
+    FLOPs). Without FMA, a multiply and an add unit do as much as one FMA unit. None when unknown."""
+    if machine.lower().startswith(("aarch64", "arm")):
+        return 4 * ARM_FMA_UNITS * 2 if "asimd" in flags else None
+    lanes = next((lanes for flag, lanes in X86_FP32_LANES if flag in flags), None)
+    if lanes is None:
+        return None
+    return lanes * (X86_FMA_UNITS if "fma" in flags or "avx512f" in flags else 1) * 2
+
+
+def theoretical_cpu_peak_flops(cpuinfo: str, machine: str, max_khz: list[int], cpus: int, threads: int) -> float | None:
+    """The most fp32 FLOP/s `threads` torch threads can reach on `cpus` logical CPUs of the processor
+    /proc/cpuinfo describes: FLOPs per cycle x the highest clock any source names (cpufreq's
+    `max_khz`, `cpu MHz`, `@ 2.40GHz` in the model name) x the physical cores the threads can occupy
+    (hyper-threads share a core's vector units). None when the text does not say enough.
+
+    A processor may turbo above every clock it names (a virtual machine often names only its base
+    clock); a rate measured above this figure then raises the peak (cpu_peak_flops)."""
+    flags = re.search(r"^(?:flags|Features)\s*:(.*)$", cpuinfo, re.MULTILINE)  # x86, Arm
+    per_cycle = fp32_flops_per_cycle(set(flags[1].split()) if flags else set(), machine)
+    mhz = [khz / 1000 for khz in max_khz]
+    mhz += [float(m) for m in re.findall(r"^cpu MHz\s*:\s*([\d.]+)", cpuinfo, re.MULTILINE)]
+    mhz += [float(g) * 1000 for g in re.findall(r"@\s*([\d.]+)\s*GHz", cpuinfo)]
+    if per_cycle is None or not mhz:
+        return None
+    siblings = re.search(r"^siblings\s*:\s*(\d+)", cpuinfo, re.MULTILINE)
+    cores = re.search(r"^cpu cores\s*:\s*(\d+)", cpuinfo, re.MULTILINE)
+    per_core = max(1, int(siblings[1]) // int(cores[1])) if siblings and cores and int(cores[1]) else 1
+    used = max(1, min(threads, cpus // per_core))
+    return per_cycle * max(mhz) * 1e6 * used
+
+
+def this_cpu_theoretical_peak() -> float | None:
+    """theoretical_cpu_peak_flops of this machine, for the cores this process may use."""
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        return None
+    max_khz = []
+    for file in glob.glob("/sys/devices/system/cpu/cpu[0-9]*/cpufreq/cpuinfo_max_freq"):
+        try:
+            max_khz.append(int(Path(file).read_text()))
+        except (OSError, ValueError):
+            pass
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return theoretical_cpu_peak_flops(cpuinfo, platform.machine(), max_khz, cpus, torch.get_num_threads())
+
+
 def measure_cpu_peak_flops(size: int = 1024, seconds: float = 0.5) -> float:
     """Best fp32 matmul rate this process reaches with its torch threads."""
     rng = torch.Generator().manual_seed(0)  # its own: a run's random streams must not move
@@ -75,32 +134,64 @@ def measure_cpu_peak_flops(size: int = 1024, seconds: float = 0.5) -> float:
     return best
 
 
-def cpu_peak_flops(cache_dir: str | os.PathLike | None = None) -> float:
-    """The CPU matmul peak: the best rate measured so far on this machine, thread count and torch
-    version. Each call measures once more (half a second) and keeps the best, so a first measurement
-    taken while other work held the cores (which would put MFU above 100%) does not stay."""
-    root = Path(cache_dir or os.environ.get("TINYGPT2_CACHE", "~/.cache/tinygpt2")).expanduser()
-    key = f"{platform.processor() or platform.machine()}|{os.cpu_count()}|{torch.get_num_threads()}|{torch.__version__}"
-    cache = root / "cpu_peak_flops.json"
+def peak_cache(cache_dir: str | os.PathLike | None = None) -> Path:
+    """The file that keeps the fastest fp32 rate seen on each machine, thread count and torch version."""
+    root = cache_dir or os.environ.get("TINYGPT2_CACHE", "~/.cache/tinygpt2")
+    return Path(root).expanduser() / "cpu_peak_flops.json"
+
+
+def cpu_key() -> str:
+    """What a measured rate depends on: the processor, its logical CPUs, torch's threads and version."""
+    machine = platform.processor() or platform.machine()
+    return f"{machine}|{os.cpu_count()}|{torch.get_num_threads()}|{torch.__version__}"
+
+
+def fastest_seen(cache_dir: str | os.PathLike | None = None) -> dict[str, float]:
+    """The rates the cache file holds, by cpu_key; a file that cannot be read holds none."""
     try:
-        known = json.loads(cache.read_text())
+        known = json.loads(peak_cache(cache_dir).read_text())
     except (OSError, ValueError):
-        known = {}
-    measured = measure_cpu_peak_flops()
-    if measured > known.get(key, 0.0):
-        known[key] = measured
+        return {}
+    if not isinstance(known, dict):
+        return {}
+    return {
+        key: float(rate)
+        for key, rate in known.items()
+        if isinstance(rate, (int, float)) and not isinstance(rate, bool) and rate > 0
+    }
+
+
+def record_cpu_rate(rate: float, cache_dir: str | os.PathLike | None = None) -> float:
+    """Keeps `rate` (FLOP/s) as this machine's fastest if it is; returns the fastest seen."""
+    known = fastest_seen(cache_dir)
+    key = cpu_key()
+    if rate > known.get(key, 0.0):
+        known[key] = rate
+        cache = peak_cache(cache_dir)
         try:
-            root.mkdir(parents=True, exist_ok=True)
+            cache.parent.mkdir(parents=True, exist_ok=True)
             tmp = cache.with_suffix(f".{os.getpid()}.tmp")
             tmp.write_text(json.dumps(known, indent=2))
             tmp.replace(cache)
         except OSError:
-            pass  # a read-only cache only loses the best figure for next time
+            pass  # a read-only cache only loses the figure for next time
     return known[key]
 
 
+def cpu_peak_flops(cache_dir: str | os.PathLike | None = None) -> float:
+    """The CPU peak train/mfu is measured against: the larger of the theoretical fp32 rate of the
+    cores torch uses (this_cpu_theoretical_peak) and the fastest rate seen on this machine, thread
+    count and torch version (a matmul measured for half a second when none is stored yet, and any
+    faster training rate since: record_cpu_rate). A measurement taken while other work held the cores
+    cannot pull it below the theoretical rate, so it cannot inflate MFU."""
+    seen = fastest_seen(cache_dir).get(cpu_key())
+    if seen is None:
+        seen = record_cpu_rate(measure_cpu_peak_flops(), cache_dir)
+    return max(seen, this_cpu_theoretical_peak() or 0.0)
+
+
 def device_peak_flops(device: torch.device, precision: str) -> float | None:
-    """Peak FLOP/s of one device: a GPU from the table, a CPU measured; None when not known."""
+    """Peak FLOP/s of one device: a GPU from the table, a CPU from cpu_peak_flops; None when not known."""
     if device.type == "cuda":
         return gpu_peak_flops(torch.cuda.get_device_name(device), precision)
     if device.type == "cpu":

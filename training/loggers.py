@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import netrc
 import os
 import secrets
@@ -13,6 +14,7 @@ from urllib.parse import urlparse
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.loggers.logger import rank_zero_experiment
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from .run_folder import RunFolder
 
@@ -68,7 +70,10 @@ def make_wandb(cfg: dict[str, Any], folder: RunFolder) -> Logger:
         group=cfg.get("group"),
         tags=list(cfg.get("tags") or []),
         mode=mode,
-        settings={"silent": True, "console": "off"} if mode == "offline" else None,
+        # console output goes to the run's output.log (its Logs tab), offline as online
+        settings={"silent": True} if mode == "offline" else None,
+        # best.ckpt as a `model` artifact when the run ends; its copy is staged under WANDB_DATA_DIR
+        log_model=bool(cfg.get("log_model", False)),
     )
     # WandbLogger always passes `anonymous`, which wandb >= 0.19 warns about even when unset
     logger._wandb_init.pop("anonymous", None)
@@ -112,6 +117,42 @@ class ContinuingCSVLogger(CSVLogger):
         return self._experiment
 
 
+# The HParams tab's metrics: each run shows the last value its validations logged
+HPARAMS_METRICS = ("val/loss", "val/bpc")
+
+
+class SettingsTensorBoardLogger(TensorBoardLogger):
+    """Lightning's TensorBoard logger, whose log_hyperparams fills the HParams tab: one column per
+    setting, and HPARAMS_METRICS. TensorBoard reads a metric's value from the run's scalars of that
+    name, so the summary names the metrics and gives no values: Lightning's log_hyperparams(params,
+    metrics) would also log its values as the first points of the val/loss and val/bpc curves."""
+
+    @rank_zero_only
+    def log_hyperparams(self, params: dict[str, Any], metrics: Any = None, step: int | None = None) -> None:
+        """metrics: the metrics' names (a dict's keys; any values are ignored), HPARAMS_METRICS if not given."""
+        from torch.utils.tensorboard.summary import hparams
+
+        super().log_hyperparams(params)  # kept for hparams.yaml; with no metrics Lightning writes no summary
+        writer = self.experiment.file_writer
+        for summary in hparams(flat_settings(params), dict.fromkeys(metrics or HPARAMS_METRICS, 0.0)):
+            writer.add_summary(summary, step)
+
+
+def flat_settings(values: dict[str, Any], prefix: str = "") -> dict[str, int | float | str]:
+    """One entry per setting, named as on the command line (model.n_layer); numbers stay numbers, the
+    rest is written as in config.yaml's flow style (true, null, [0.9, 0.99])."""
+    flat: dict[str, int | float | str] = {}
+    for name, value in values.items():
+        key = f"{prefix}{name}"
+        if isinstance(value, dict) and value:
+            flat.update(flat_settings(value, key + "."))
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            flat[key] = value
+        else:
+            flat[key] = value if isinstance(value, str) else json.dumps(value)
+    return flat
+
+
 def build_loggers(logger_cfg: dict[str, Any] | None, folder: RunFolder, resume_step: int | None = None) -> list[Logger]:
     """One Lightning logger per key of the `logger` group (wandb, tensorboard, csv); none for logger=none.
 
@@ -130,8 +171,15 @@ def build_loggers(logger_cfg: dict[str, Any] | None, folder: RunFolder, resume_s
             loggers.append(make_wandb(cfg, folder))
         elif name == "tensorboard":
             purge = {} if resume_step is None else {"purge_step": resume_step}
-            loggers.append(TensorBoardLogger(save_dir=str(folder.path), name=folder.tensorboard.name, version="",
-                                             default_hp_metric=False, **purge))
+            loggers.append(
+                SettingsTensorBoardLogger(
+                    save_dir=str(folder.path),
+                    name=folder.tensorboard.name,
+                    version="",
+                    default_hp_metric=False,
+                    **purge,
+                )
+            )
         else:
             raise ValueError(f"unknown logger {name!r}; use wandb, tensorboard, csv or none")
     return loggers

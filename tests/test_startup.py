@@ -1,0 +1,102 @@
+"""Start-up: the scripts import only the libraries a run uses. Each runs as a user runs it, with
+PYTHONPROFILEIMPORTTIME=1 (what `python -X importtime` sets), and the modules it reports are checked."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from .common import TINY, run_script
+
+# What generate.py never needs: the training stack, the trackers, Hugging Face's libraries, plotting
+NOT_FOR_GENERATING = {
+    "lightning",
+    "hydra",
+    "omegaconf",
+    "datasets",
+    "pandas",
+    "wandb",
+    "tensorboard",
+    "transformers",
+    "matplotlib",
+}
+
+
+def profiled_env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPROFILEIMPORTTIME": "1"}
+
+
+def import_tree(stderr: str) -> list[tuple[int, str]]:
+    """(depth, module) for every module the process imported, in the order `-X importtime` reports
+    them: a module after the modules its own import brought in, which are one level deeper."""
+    tree = []
+    for line in stderr.splitlines():
+        if not line.startswith("import time:") or line.count("|") != 2:
+            continue
+        name = line.rsplit("|", 1)[1]
+        if name.strip() != "imported package":  # the header
+            tree.append(((len(name) - len(name.lstrip()) - 1) // 2, name.strip()))
+    return tree
+
+
+def packages(tree: list[tuple[int, str]]) -> set[str]:
+    return {name.split(".")[0] for _, name in tree}
+
+
+def importer(tree: list[tuple[int, str]], package: str) -> str | None:
+    """The module whose import first brought `package` in; None when the script itself or a function
+    running after start-up imported it."""
+    first = next(i for i, (_, name) in enumerate(tree) if name.split(".")[0] == package)
+    depth = tree[first][0]
+    for later_depth, name in tree[first + 1 :]:
+        if later_depth < depth:
+            if name.split(".")[0] != package:
+                return name
+            depth = later_depth
+    return None
+
+
+def test_generating_imports_no_training_tracking_or_plotting_library(tiny_run):
+    proc = run_script(
+        "generate.py", "--ckpt", str(tiny_run), "--prompt", "ROMEO:", "--max-new-tokens", "4", env=profiled_env()
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    imported = packages(import_tree(proc.stderr))
+    assert {"torch", "tokenizers", "generation"} <= imported  # the profile was read
+    assert not imported & NOT_FOR_GENERATING
+
+
+def test_generating_from_a_hugging_face_folder_reads_it_without_transformers(transformers_folder):
+    proc = run_script(
+        "generate.py",
+        "--ckpt",
+        str(transformers_folder),
+        "--prompt",
+        "ROMEO:",
+        "--max-new-tokens",
+        "4",
+        env=profiled_env(),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    imported = packages(import_tree(proc.stderr))
+    assert "safetensors" in imported  # the folder's weights were read
+    assert not imported & NOT_FOR_GENERATING
+
+
+@pytest.mark.slow
+def test_a_run_without_the_wandb_logger_imports_no_wandb_and_no_transformers_of_its_own(small_text):
+    """logger=csv: wandb is never imported. transformers and matplotlib may come in only with
+    Lightning, whose torchmetrics imports them whenever they are installed; matplotlib also when
+    loss.png is drawn at the end."""
+    proc = run_script("train.py", *TINY, f"data.path={small_text}", "data.num_proc=1", env=profiled_env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    tree = import_tree(proc.stderr)
+    imported = packages(tree)
+    assert {"torch", "lightning", "training"} <= imported  # the profile was read
+    assert "wandb" not in imported
+    if "transformers" in imported:
+        assert (importer(tree, "transformers") or "").startswith("torchmetrics."), importer(tree, "transformers")
+    if "matplotlib" in imported:
+        by = importer(tree, "matplotlib")
+        assert by is None or by.startswith("torchmetrics."), by  # None: draw_loss_curve, after training
