@@ -13,6 +13,7 @@ import itertools
 import logging
 import math
 import re
+import shlex
 import shutil
 import sys
 from datetime import datetime
@@ -107,13 +108,19 @@ class Composer:
             options = [line.strip() for line in lines if line.startswith("\t") and "provider=" not in line]
             missing = re.search(r"Could not find '([^']+)/([^']+)'", lines[0])
             if missing and missing.group(1) == "hydra/sweeper":
-                raise CommandLineError(f"the {missing.group(2)} sweeper is not installed: pip install -e '.[optuna]'") from None
+                raise CommandLineError(
+                    f"the {missing.group(2)} sweeper is not installed: pip install -e '.[optuna]'"
+                ) from None
             if missing:
                 group, choice = missing.groups()
-                raise CommandLineError(f"{group}={choice} is not a choice; choose one of: {', '.join(options)}") from None
+                raise CommandLineError(
+                    f"{group}={choice} is not a choice; choose one of: {', '.join(options)}"
+                ) from None
             raise CommandLineError(lines[0]) from None
         except OverrideParseException as err:
-            raise CommandLineError(f"cannot read the command line ({str(err).splitlines()[0]}); write overrides as key=value") from None
+            raise CommandLineError(
+                f"cannot read the command line ({str(err).splitlines()[0]}); write overrides as key=value"
+            ) from None
         except HydraException as err:
             cause = err.__cause__
             if (cause is not None and "not in struct" in str(cause)) or str(err).startswith("Could not override"):
@@ -153,8 +160,21 @@ def check_places(settings: dict[str, str]) -> None:
 # ---- choosing where a run goes --------------------------------------------------------------------------
 
 
-INFORMATION_FLAGS = ("--cfg", "-c", "--help", "-h", "--hydra-help", "--info", "-i", "--resolve", "--package", "-p",
-                     "--shell-completion", "-sc", "--version")  # Hydra shows something; nothing is trained
+INFORMATION_FLAGS = (
+    "--cfg",
+    "-c",
+    "--help",
+    "-h",
+    "--hydra-help",
+    "--info",
+    "-i",
+    "--resolve",
+    "--package",
+    "-p",
+    "--shell-completion",
+    "-sc",
+    "--version",
+)  # Hydra shows something; nothing is trained
 CONFIG_FLAGS = ("--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd", "--experimental-rerun")
 
 
@@ -170,7 +190,9 @@ class Launch:
         self.overrides = [a for a in self.args if not a.startswith("-")]
         self.user = [o for o in self.overrides if not o.lstrip("+~").startswith("hydra.")]
         self.hydra_overrides = [o for o in self.overrides if o.lstrip("+~").startswith("hydra.")]
-        self.hydra = {k: v.strip("'\"") for k, v in (o.lstrip("+").split("=", 1) for o in self.hydra_overrides if "=" in o)}
+        self.hydra = {
+            k: v.strip("'\"") for k, v in (o.lstrip("+").split("=", 1) for o in self.hydra_overrides if "=" in o)
+        }
         self.multirun = any(f in ("-m", "--multirun") for f in self.flags)
         self.first = process_rank() == 0  # of the processes of a multi-process launch
 
@@ -180,14 +202,18 @@ class Launch:
         if flags & set(INFORMATION_FLAGS):
             return self.args
         if flags & set(CONFIG_FLAGS):
-            raise CommandLineError("train.py composes configs/train.yaml: put your own config files in configs/ (e.g. "
-                                   "configs/experiment/mine.yaml) and choose them with experiment=mine")
+            raise CommandLineError(
+                "train.py composes configs/train.yaml: put your own config files in configs/ (e.g. "
+                "configs/experiment/mine.yaml) and choose them with experiment=mine"
+            )
         check_places({k: v for k, v in (o.split("=", 1) for o in self.overrides if "=" in o)})
         with Composer() as composer:
             if self.multirun:
                 return self.sweep(composer) if self.first else self.args
             if any(o.lstrip("+").split("=")[0] in SEARCH_GROUPS for o in self.user):
-                raise CommandLineError("hparams_search is a search over many runs: add -m (python train.py -m hparams_search=optuna ...)")
+                raise CommandLineError(
+                    "hparams_search is a search over many runs: add -m (python train.py -m hparams_search=optuna ...)"
+                )
             requested = composer.compose(self.user + self.hydra_overrides, with_hydra=True)
             requested.pop("hydra")
             named = named_settings(self.user, requested, composer.defaults)
@@ -204,7 +230,9 @@ class Launch:
         if resume and resume != "auto":
             folder = folder_of(resume)
             if explicit and RunFolder(explicit).path != folder.path:
-                raise RunFolderError(f"hydra.run.dir={explicit} is not the run resume= continues ({folder.path}); leave hydra.run.dir out")
+                raise RunFolderError(
+                    f"hydra.run.dir={explicit} is not the run resume= continues ({folder.path}); leave hydra.run.dir out"
+                )
             return folder, folder.checkpoint_named(resume), False
         if resume == "auto" and given is None:
             for folder in resumable_runs(requested["runs_root"]):
@@ -215,8 +243,10 @@ class Launch:
                 if saved and matches(requested, saved, named):
                     owner = folder.held_by()
                     if owner and self.first:
-                        raise RunFolderError(f"resume=auto: the run with these settings, {folder.path}, is being trained by "
-                                             f"{owner}; wait for it to end (or stop it), then run this again")
+                        raise RunFolderError(
+                            f"resume=auto: the run with these settings, {folder.path}, is being trained by "
+                            f"{owner}; wait for it to end (or stop it), then run this again"
+                        )
                     return folder, folder.checkpoint_to_resume().resolve(), False
             return None, None, False
         restarted = given is not None and not explicit and launcher_restarted()
@@ -232,13 +262,17 @@ class Launch:
         check(requested)
         args = [a for a in self.args if a.lstrip("+").split("=")[0] not in ("resume", "hydra.run.dir")]
         if folder is not None:
-            chosen_by = "hydra.run.dir" if self.hydra.get("hydra.run.dir") else f"run folder of this job ({folder.path.name})"
+            chosen_by = (
+                "hydra.run.dir" if self.hydra.get("hydra.run.dir") else f"run folder of this job ({folder.path.name})"
+            )
             if self.first:
                 folder.check_new(chosen_by, restarting=restarting)
             if self.first and self.claim_folders:
                 claim(folder, new=True)
         elif not self.first:
-            raise RunFolderError("processes started by a launcher need one run folder: pass hydra.run.dir=DIR (or torchrun --rdzv-id=NAME)")
+            raise RunFolderError(
+                "processes started by a launcher need one run folder: pass hydra.run.dir=DIR (or torchrun --rdzv-id=NAME)"
+            )
         elif self.claim_folders:
             folder = adopt(claim_new_folder(requested["runs_root"])).folder
         else:
@@ -251,7 +285,11 @@ class Launch:
         continue_settings(checkpoint, requested, named)
         if self.first and self.claim_folders:
             claim(folder, new=False)
-        kept = [a for a in self.args if a.lstrip("+").split("=")[0] not in ("resume", "hydra.run.dir", "hydra.output_subdir")]
+        kept = [
+            a
+            for a in self.args
+            if a.lstrip("+").split("=")[0] not in ("resume", "hydra.run.dir", "hydra.output_subdir")
+        ]
         record = RunFolder.resume_record(datetime.now().strftime("%Y-%m-%d_%H-%M-%S"))
         return [*kept, f"resume={checkpoint}", f"hydra.run.dir={folder.path}", f"hydra.output_subdir={record}"]
 
@@ -265,13 +303,20 @@ class Launch:
             raise CommandLineError("resume= continues one run: run it without -m (python train.py resume=RUN)")
         parsed, hydra_parsed = parse_overrides(self.user), parse_overrides(self.hydra_overrides)
         fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
-        searched = composer.compose(fixed + [o.input_line for o in hydra_parsed if not o.is_sweep_override()], with_hydra=True)["hydra"]
+        searched = composer.compose(
+            fixed + [o.input_line for o in hydra_parsed if not o.is_sweep_override()], with_hydra=True
+        )["hydra"]
         sweeper = searched.get("sweeper") or {}
         if isinstance(sweeper.get("n_trials"), int) and sweeper["n_trials"] < 1:
             raise CommandLineError(f"hydra.sweeper.n_trials must be at least 1, got {sweeper['n_trials']}")
-        space = {**(sweeper.get("params") or {}), **{  # the search space, with what the command line adds to it
-            o.key_or_group.removeprefix("hydra.sweeper.params."): o.input_line.split("=", 1)[1]
-            for o in hydra_parsed if o.key_or_group.startswith("hydra.sweeper.params.")}}
+        space = {
+            **(sweeper.get("params") or {}),
+            **{  # the search space, with what the command line adds to it
+                o.key_or_group.removeprefix("hydra.sweeper.params."): o.input_line.split("=", 1)[1]
+                for o in hydra_parsed
+                if o.key_or_group.startswith("hydra.sweeper.params.")
+            },
+        }
         given = {o.key_or_group for o in parsed}
         search = [f"{key}={values}" for key, values in space.items() if key not in given]
         for combination in sweep_combinations(self.user + search):
@@ -279,8 +324,10 @@ class Launch:
         if self.hydra.get("hydra.sweep.dir"):
             folder = Path(self.hydra["hydra.sweep.dir"]).expanduser()
             if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
-                raise RunFolderError(f"hydra.sweep.dir={folder} is not empty; a sweep writes numbered run folders and a "
-                                     "summary there, so choose a new or empty folder")
+                raise RunFolderError(
+                    f"hydra.sweep.dir={folder} is not empty; a sweep writes numbered run folders and a "
+                    "summary there, so choose a new or empty folder"
+                )
             return self.args
         if not self.claim_folders:
             return self.args
@@ -309,8 +356,11 @@ def sweep_combinations(overrides: list[str], limit: int = 64) -> list[list[str]]
             swept.append([f"{override.get_key_element()}={value}" for value in values])
     if math.prod(len(values) for values in swept) <= limit:
         return [fixed + list(choice) for choice in itertools.product(*swept)]
-    return [fixed + [values[0] for values in swept[:i]] + [value] + [values[0] for values in swept[i + 1 :]]
-            for i, values in enumerate(swept) for value in values]
+    return [
+        fixed + [values[0] for values in swept[:i]] + [value] + [values[0] for values in swept[i + 1 :]]
+        for i, values in enumerate(swept)
+        for value in values
+    ]
 
 
 def check_command_line(args: list[str]) -> str | None:
@@ -339,6 +389,11 @@ def named_settings(overrides: list[str], requested: dict, defaults: dict) -> lis
     return sorted(named)
 
 
+def quoted(text: str) -> str:
+    """text as one shell word, in double quotes as the README writes prompts (single where they would not do)."""
+    return shlex.quote(text) if re.search(r'["$`\\!\n]', text) else f'"{text}"'
+
+
 @hydra.main(version_base="1.3", config_path="configs", config_name="train")
 def main(cfg: DictConfig) -> float | None:
     from training.run import describe_metrics, train  # Lightning: loaded once the command line is known to be good
@@ -349,12 +404,18 @@ def main(cfg: DictConfig) -> float | None:
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
     requested = OmegaConf.to_container(cfg, resolve=True)
     with_defaults = hydra.compose("train", overrides=[])
-    named = named_settings([o for o in overrides if not o.startswith("hydra.")], requested, OmegaConf.to_container(with_defaults, resolve=True))
+    named = named_settings(
+        [o for o in overrides if not o.startswith("hydra.")],
+        requested,
+        OmegaConf.to_container(with_defaults, resolve=True),
+    )
     try:
         result = train(cfg, run_dir, named=named, overrides=overrides)
     except USER_ERRORS as err:
         if requested.get("resume") and str(hydra_cfg.output_subdir).startswith(RunFolder.resume_record("")):
-            shutil.rmtree(run_dir / hydra_cfg.output_subdir, ignore_errors=True)  # a refused resume leaves its run as it was
+            shutil.rmtree(
+                run_dir / hydra_cfg.output_subdir, ignore_errors=True
+            )  # a refused resume leaves its run as it was
         if not multirun or isinstance(err, CheckpointSaveError):  # a full disk stops a sweep too
             sys.exit(f"error: {err}")
         log.error("error: %s", err)  # one job of a sweep: recorded, and the sweep goes on
@@ -364,8 +425,12 @@ def main(cfg: DictConfig) -> float | None:
     if process_rank() != 0:
         return result.metrics.get("val/bpc")
     if not result.finished:
-        log.warning("stopped by %s at step %d; checkpoint saved. Continue with: python train.py resume=%s",
-                    result.stopped_by, result.step, run_dir)
+        log.warning(
+            "stopped by %s at step %d; checkpoint saved. Continue with: python train.py resume=%s",
+            result.stopped_by,
+            result.step,
+            run_dir,
+        )
         if multirun:
             summarize(Path(hydra_cfg.sweep.dir))
             log.warning("the sweep stops here; the jobs after this one did not run")
@@ -373,7 +438,14 @@ def main(cfg: DictConfig) -> float | None:
         return None
     log.info("done: %s", describe_metrics(result.metrics))
     log.info("run folder: %s", result.run_dir)
-    log.info('sample from it: python generate.py --ckpt %s --prompt "ROMEO:"', result.run_dir)
+    if result.fallback:
+        log.warning(
+            "%s: this model learned the offline pydoc corpus (Python's help texts), not Tiny Shakespeare; "
+            "set data.path=/path/to/input.txt to train on it",
+            result.fallback,
+        )
+    prompt = f" --prompt {quoted(result.prompt)}" if result.prompt else ""
+    log.info("sample from it: python generate.py --ckpt %s%s", shlex.quote(str(result.run_dir)), prompt)
     return result.metrics.get("val/bpc")
 
 

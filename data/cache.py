@@ -72,6 +72,7 @@ class TokenCache:
     folder: Path
     meta: dict[str, Any]
     made_now: bool = False  # built by this process, rather than found
+    fallback: str | None = None  # why this text stands in for the one asked for (data.sources.Source.fallback)
 
     @property
     def key(self) -> str:
@@ -115,8 +116,10 @@ def check_entry(folder: Path, meta: Any) -> None:
         if not file.is_file():
             raise DamagedEntry(file, "is missing")
         if file.stat().st_size != count * itemsize:
-            raise DamagedEntry(file, f"holds {file.stat().st_size:,} bytes where {count:,} {meta['dtype']} tokens "
-                                     f"take {count * itemsize:,}")
+            raise DamagedEntry(
+                file,
+                f"holds {file.stat().st_size:,} bytes where {count:,} {meta['dtype']} tokens take {count * itemsize:,}",
+            )
     tokenizer_file = folder / "tokenizer.json"
     try:
         text = tokenizer_file.read_text(encoding="utf-8")
@@ -215,13 +218,17 @@ def disk_full(staging: Path, err: OSError) -> DataError:
     where = err.filename or staging
     if (staging / "tokenizer.json").is_file():
         size = sum(f.stat().st_size for f in staging.rglob("*") if f.is_file())
-        kept = (f"the partial entry {staging} ({size / 2**20:.1f} MB) is kept: the next run goes on from it once there "
-                "is space (delete it to get the space back)")
+        kept = (
+            f"the partial entry {staging} ({size / 2**20:.1f} MB) is kept: the next run goes on from it once there "
+            "is space (delete it to get the space back)"
+        )
     else:
         shutil.rmtree(staging, ignore_errors=True)
         kept = "nothing of it is kept"
-    return DataError(f"the disk is full: writing the token cache at {where} failed; {kept}. "
-                     "Free some space, or set data.cache_dir to a disk with room")
+    return DataError(
+        f"the disk is full: writing the token cache at {where} failed; {kept}. "
+        "Free some space, or set data.cache_dir to a disk with room"
+    )
 
 
 def discard(cache: TokenCache) -> None:

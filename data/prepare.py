@@ -105,13 +105,16 @@ def failpoint_disk_full(staging: Path) -> None:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(staging / "train.bin"))
 
 
-def prepare_corpus(data_cfg, tokenizer_cfg, given: Tokenizer | None = None, progress: Callable[[dict], None] | None = None) -> TokenCache:
+def prepare_corpus(
+    data_cfg, tokenizer_cfg, given: Tokenizer | None = None, progress: Callable[[dict], None] | None = None
+) -> TokenCache:
     """The token cache entry of this data and tokenizer: found, or made now (tokenizer, then token ids).
     `given`: a ready tokenizer (e.g. a fine-tuned checkpoint's), used instead of one built from tokenizer_cfg."""
     source, key = corpus_key(data_cfg, tokenizer_cfg, given)
     cache = find_cache(data_cfg.cache_dir, key)
     if cache is not None:
         log.info("using cached tokens of %s from %s", source.label, cache.folder)
+        cache.fallback = source.fallback
         return cache
     log.info("tokenizing %s once; later runs with the same data and tokenizer reuse the result", source.label)
     started = time.perf_counter()
@@ -132,8 +135,13 @@ def prepare_corpus(data_cfg, tokenizer_cfg, given: Tokenizer | None = None, prog
     meta = cache.meta
     log.info(
         "%s: %s training and %s validation tokens (%.1f s) in %s",
-        source.label, f"{meta['train_tokens']:,}", f"{meta['val_tokens']:,}", time.perf_counter() - started, cache.folder,
+        source.label,
+        f"{meta['train_tokens']:,}",
+        f"{meta['val_tokens']:,}",
+        time.perf_counter() - started,
+        cache.folder,
     )
+    cache.fallback = source.fallback
     return cache
 
 

@@ -33,6 +33,7 @@ class Source:
     label: str  # where the text comes from, for logs
     identity: dict  # what the text is, for the cache key
     open: Callable[[int | None], Corpus]  # piece_chars -> the corpus (long plain-text documents in pieces)
+    fallback: str | None = None  # why the text asked for is not to be had, when this one stands in for it
 
 
 def describe(cfg) -> Source:
@@ -244,16 +245,15 @@ def hub_error(err: Exception, name: str) -> Exception:
 
 def shakespeare_source(cfg) -> Source:
     """Tiny Shakespeare from data.path, else the cache, else a local copy, else a download (then cached);
-    with none of those, the offline pydoc corpus, with one warning line."""
+    with none of those, the offline pydoc corpus, marked as a stand-in (the run sizes itself to it and
+    says so: training.settings)."""
     if cfg.get("path"):
         return files_source(cfg, cfg.path)
     found = find_shakespeare(cfg.cache_dir, cfg.get("local_copies") or [], cfg.get("url") or SHAKESPEARE_URL)
     if found is None:
-        log.warning(
-            "Tiny Shakespeare is not available (no local copy, download failed): training on the offline "
-            "pydoc corpus instead; set data.path=/path/to/input.txt to use a local copy"
-        )
-        return pydoc_source(cfg, label="pydoc_data.topics (offline fallback)")
+        source = pydoc_source(cfg, label="pydoc_data.topics (offline fallback)")
+        source.fallback = "Tiny Shakespeare is not available (no local copy, download failed)"
+        return source
     return files_source(cfg, found)
 
 

@@ -27,7 +27,7 @@ def test_required_overrides_compose(small_text, tmp_path):
         "seed=5",
         "logger=csv",
     )
-    assert cfg.model.n_layer == 3 and cfg.data.path == str(small_text) and cfg.trainer.max_steps == 7
+    assert cfg.model.n_layer == 4 and cfg.data.path == str(small_text) and cfg.trainer.max_steps == 7
     assert cfg.optim.lr == 0.002 and cfg.seed == 5 and list(cfg.logger) == ["csv"]
     cfg = compose_config("data=text", f"data.path={small_text}", "logger=wandb")
     assert cfg.data.source == "text" and list(cfg.logger) == ["wandb"]
@@ -39,11 +39,21 @@ def test_required_overrides_compose(small_text, tmp_path):
 def test_experiments_list_only_what_differs_and_compose():
     cpu = compose_config("experiment=shakespeare_char_cpu")
     assert (cpu.model.n_layer, cpu.model.n_head, cpu.model.n_embd, cpu.model.block_size) == (4, 4, 128, 64)
-    assert (cpu.data.batch_size, cpu.trainer.max_steps, cpu.tokenizer.kind, cpu.data.source) == (12, 2000, "char", "shakespeare")
+    assert (cpu.data.batch_size, cpu.trainer.max_steps, cpu.tokenizer.kind, cpu.data.source) == (
+        12,
+        2000,
+        "char",
+        "shakespeare",
+    )
     baby = compose_config("experiment=shakespeare_baby")
     assert (baby.model.n_layer, baby.model.n_embd, baby.model.block_size, baby.tokenizer.kind) == (6, 384, 256, "char")
     owt = compose_config("experiment=gpt2_owt", "tokenizer.path=/models/gpt2")
-    assert (owt.model.n_layer, owt.model.n_embd, owt.data.source, owt.data.name) == (12, 768, "hub", "Skylion007/openwebtext")
+    assert (owt.model.n_layer, owt.model.n_embd, owt.data.source, owt.data.name) == (
+        12,
+        768,
+        "hub",
+        "Skylion007/openwebtext",
+    )
     assert (owt.tokens_per_step, owt.trainer.strategy, owt.tokenizer.kind) == (491520, "ddp", "pretrained")
     for name in ("shakespeare_char_cpu", "shakespeare_baby", "gpt2_owt"):  # only what differs
         lines = (ROOT / "configs" / "experiment" / f"{name}.yaml").read_text().splitlines()
@@ -135,7 +145,14 @@ def test_bad_settings_are_refused_before_training(override, message, small_text,
 def test_train_py_command_line_end_to_end(small_text, tmp_path):
     run = tmp_path / "outputs" / "run1"
     latest = tmp_path / "outputs" / "latest"
-    args = [*TINY, "data=text", f"data.path={small_text}", f"hydra.run.dir={run}", f"latest_link={latest}", "logger=[wandb,csv]"]
+    args = [
+        *TINY,
+        "data=text",
+        f"data.path={small_text}",
+        f"hydra.run.dir={run}",
+        f"latest_link={latest}",
+        "logger=[wandb,csv]",
+    ]
     proc = run_script("train.py", *args)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (run / "checkpoints" / "last.ckpt").is_file() and (run / "metrics.csv").is_file()
@@ -149,7 +166,14 @@ def test_train_py_command_line_end_to_end(small_text, tmp_path):
 
 @pytest.mark.slow
 def test_train_py_reports_bad_input_in_one_line(small_text, tmp_path):
-    proc = run_script("train.py", *TINY, f"data.path={small_text}", "model.n_head=4", "model.n_embd=30", f"hydra.run.dir={tmp_path / 'r'}")
+    proc = run_script(
+        "train.py",
+        *TINY,
+        f"data.path={small_text}",
+        "model.n_head=4",
+        "model.n_embd=30",
+        f"hydra.run.dir={tmp_path / 'r'}",
+    )
     assert proc.returncode != 0
     last_line = proc.stderr.strip().splitlines()[-1]
     assert last_line.startswith("error: model.n_embd (30) must be divisible by model.n_head (4)")

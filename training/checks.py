@@ -64,7 +64,11 @@ class Number:
             raise SettingError(f"{key} must be a whole number, got {value}")
         if value in self.also:
             return
-        extra = f" (or {', '.join(map(str, self.also))}{' ' + self.also_means if self.also_means else ''})" if self.also else ""
+        extra = (
+            f" (or {', '.join(map(str, self.also))}{' ' + self.also_means if self.also_means else ''})"
+            if self.also
+            else ""
+        )
         for limit, fails, words in (
             (self.min, lambda b: value < b, "at least"),
             (self.above, lambda b: value <= b, "above"),
@@ -125,12 +129,20 @@ class ValidationEvery:
     whole = True  # 1e3 is 1000 steps
 
     def check(self, key: str, value: Any) -> None:
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and float(value).is_integer() and value >= 1:
+        if (
+            isinstance(value, (int, float))
+            and not isinstance(value, bool)
+            and math.isfinite(value)
+            and float(value).is_integer()
+            and value >= 1
+        ):
             return
         if isinstance(value, (str, dict)):
             TimeSpan().check(key, value)
             return
-        raise SettingError(f"{key} must be a whole number of steps (at least 1) or a time (dd:hh:mm:ss), got {shown(value)}")
+        raise SettingError(
+            f"{key} must be a whole number of steps (at least 1) or a time (dd:hh:mm:ss), got {shown(value)}"
+        )
 
 
 @dataclass(frozen=True)
@@ -141,10 +153,14 @@ class ValidationBatches:
         if value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
             return
         if value == 0 and not isinstance(value, bool):
-            raise SettingError(f"{key}=0 turns validation off, but val/loss, val/bpc and best.ckpt need it; "
-                               "use at least 1 (batches), a fraction such as 0.1, or null for all")
+            raise SettingError(
+                f"{key}=0 turns validation off, but val/loss, val/bpc and best.ckpt need it; "
+                "use at least 1 (batches), a fraction such as 0.1, or null for all"
+            )
         if not isinstance(value, float) or not math.isfinite(value) or not 0 < value <= 1:
-            raise SettingError(f"{key} must be a whole number of batches (at least 1), a fraction in (0, 1], or null, got {shown(value)}")
+            raise SettingError(
+                f"{key} must be a whole number of batches (at least 1), a fraction in (0, 1], or null, got {shown(value)}"
+            )
 
 
 @dataclass(frozen=True)
@@ -167,9 +183,15 @@ class Devices:
             return
         if isinstance(value, str) and value.replace(",", "").replace(" ", "").isdigit():
             return
-        if isinstance(value, list) and value and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value):
+        if (
+            isinstance(value, list)
+            and value
+            and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)
+        ):
             return
-        raise SettingError(f"{key} must be a number of devices (1, 2, ..., or -1 for all), auto, or a list of device indices, got {shown(value)}")
+        raise SettingError(
+            f"{key} must be a number of devices (1, 2, ..., or -1 for all), auto, or a list of device indices, got {shown(value)}"
+        )
 
 
 def check_writable(key: str, folder: str) -> None:
@@ -182,7 +204,9 @@ def check_writable(key: str, folder: str) -> None:
     try:
         tempfile.TemporaryDirectory(dir=existing).cleanup()
     except OSError as err:
-        raise SettingError(f"{key}={folder}: cannot write in {existing} ({err.strerror}); choose a folder you can write to") from None
+        raise SettingError(
+            f"{key}={folder}: cannot write in {existing} ({err.strerror}); choose a folder you can write to"
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -191,7 +215,9 @@ class Precision:
 
     def check(self, key: str, value: Any) -> None:
         if value is not None and (isinstance(value, bool) or not isinstance(value, (str, int))):
-            raise SettingError(f"{key} must be a Lightning precision such as 32-true, bf16-mixed or 16-mixed, got {shown(value)}")
+            raise SettingError(
+                f"{key} must be a Lightning precision such as 32-true, bf16-mixed or 16-mixed, got {shown(value)}"
+            )
 
 
 def time_budget_seconds(max_time: Any, key: str = "trainer.max_time") -> float:
@@ -199,7 +225,8 @@ def time_budget_seconds(max_time: Any, key: str = "trainer.max_time") -> float:
     hint = f"{key} must be dd:hh:mm:ss (e.g. 00:00:01:15 for 75 seconds)"
     if isinstance(max_time, dict):
         if not set(max_time) <= {"days", "hours", "minutes", "seconds"} or not all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0 for v in max_time.values()
+            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+            for v in max_time.values()
         ):
             raise SettingError(f"{hint} or days/hours/minutes/seconds, got {max_time}")
         return timedelta(**max_time).total_seconds()
@@ -230,6 +257,8 @@ SPEC: dict[str, Any] = {
     "samples.temperature": Number(min=0),
     "samples.top_k": Number(whole=True, min=1, optional=True),
     "samples.seed": SEED,
+    "optim.name": Choice(("adamw", "muon")),
+    "optim.momentum": Number(min=0, below=1),
     "optim.lr": Number(above=0),
     "optim.weight_decay": Number(min=0),
     "optim.betas": ListOf(Number(min=0, below=1), length=2),
@@ -268,6 +297,7 @@ SPEC: dict[str, Any] = {
     "logger.wandb.group": Text(optional=True),
     "logger.wandb.tags": ListOf(Text()),
     "logger.wandb.mode": Choice(("auto", "online", "offline", "disabled")),
+    "logger.wandb.log_model": Flag(),
     "logger.csv": dict,
     "logger.tensorboard": dict,
     "trainer.max_steps": Number(whole=True, min=1, also=(-1,), also_means="with trainer.max_time"),
@@ -314,10 +344,30 @@ OWN_TRAINER_ARGUMENTS = {
 
 
 # Settings a run cannot do without (a command line may not remove them with ~key).
-REQUIRED = ("seed", "compile", "tokens_per_step", "checkpoint.every_n_steps", "checkpoint.keep", "samples.enabled",
-            "optim.lr", "optim.weight_decay", "optim.betas", "optim.warmup_steps", "optim.schedule", "optim.min_lr_ratio",
-            "optim.max_nonfinite_in_a_row", "tokenizer.kind", "data.source", "data.batch_size", "data.cache_dir",
-            "trainer.max_steps", "trainer.max_time", "trainer.strategy", "trainer.enable_progress_bar", "trainer.val_check_interval")
+REQUIRED = (
+    "seed",
+    "compile",
+    "tokens_per_step",
+    "checkpoint.every_n_steps",
+    "checkpoint.keep",
+    "samples.enabled",
+    "optim.lr",
+    "optim.weight_decay",
+    "optim.betas",
+    "optim.warmup_steps",
+    "optim.schedule",
+    "optim.min_lr_ratio",
+    "optim.max_nonfinite_in_a_row",
+    "tokenizer.kind",
+    "data.source",
+    "data.batch_size",
+    "data.cache_dir",
+    "trainer.max_steps",
+    "trainer.max_time",
+    "trainer.strategy",
+    "trainer.enable_progress_bar",
+    "trainer.val_check_interval",
+)
 
 
 def check_values(values: dict[str, Any]) -> dict[str, Any]:
@@ -325,7 +375,9 @@ def check_values(values: dict[str, Any]) -> dict[str, Any]:
     with whole numbers given as 1e3 or 5.0 made ints."""
     missing = [key for key in REQUIRED if lookup(values, key) is ABSENT]
     if missing:
-        raise SettingError(f"{missing[0]} is missing, and a run needs it; give it a value ({missing[0]}=...) instead of removing it")
+        raise SettingError(
+            f"{missing[0]} is missing, and a run needs it; give it a value ({missing[0]}=...) instead of removing it"
+        )
     values = copy.deepcopy(values)
     for key, value in list(leaves(values)):
         if value == MISSING:
@@ -341,10 +393,14 @@ def check_values(values: dict[str, Any]) -> dict[str, Any]:
         elif key.startswith("trainer."):
             check_trainer_argument(key.split(".", 1)[1], value)
         elif not key.startswith("model."):
-            raise SettingError(f"unknown setting '{key}'; check the spelling (python train.py --cfg job lists every setting)")
+            raise SettingError(
+                f"unknown setting '{key}'; check the spelling (python train.py --cfg job lists every setting)"
+            )
     for name in values.get("logger") or {}:
         if name not in ("wandb", "tensorboard", "csv"):
-            raise SettingError(f"unknown logger '{name}'; use logger=wandb, tensorboard, csv or none (or a list of them)")
+            raise SettingError(
+                f"unknown logger '{name}'; use logger=wandb, tensorboard, csv or none (or a list of them)"
+            )
     check_model(values.get("model") or {})
     check_together(values)
     return values
@@ -409,6 +465,15 @@ def check_together(values: dict[str, Any]) -> None:
             f"optim.warmup_steps={warmup} is not below trainer.max_steps={max_steps}: the learning rate would never "
             f"reach optim.lr; use fewer warmup steps (e.g. optim.warmup_steps={max(0, max_steps // 10)})"
         )
+    if optim.get("name") == "muon":
+        import torch
+
+        if not hasattr(torch.optim, "Muon"):
+            raise SettingError(
+                f"optim=muon needs torch 2.9 or newer (torch.optim.Muon); this is torch {torch.__version__}"
+            )
+        if optim.get("momentum") is None:
+            raise SettingError("optim.name=muon needs optim.momentum; choose the group instead: optim=muon")
     if values.get("tokens_per_step") is not None and (trainer.get("accumulate_grad_batches") or 1) != 1:
         raise SettingError("set either tokens_per_step or trainer.accumulate_grad_batches, not both")
     if (values.get("tokenizer") or {}).get("kind") == "pretrained" and not (values.get("tokenizer") or {}).get("path"):
@@ -501,8 +566,14 @@ def probe_trainer(trainer_args: dict[str, Any], strategy: Any, precision: str) -
     level = quiet.level
     quiet.setLevel(logging.WARNING)
     try:
-        trainer = L.Trainer(**{**trainer_args, "enable_progress_bar": False, "enable_model_summary": False}, strategy=strategy,
-                            precision=precision, logger=False, enable_checkpointing=False, callbacks=[])
+        trainer = L.Trainer(
+            **{**trainer_args, "enable_progress_bar": False, "enable_model_summary": False},
+            strategy=strategy,
+            precision=precision,
+            logger=False,
+            enable_checkpointing=False,
+            callbacks=[],
+        )
     except Exception as err:  # Lightning's own checks of trainer.*, or a package an accelerator or precision needs
         raise SettingError(f"trainer settings: {(str(err).strip().splitlines() or [type(err).__name__])[0]}") from None
     finally:

@@ -11,6 +11,7 @@ from typing import Any
 import lightning as L
 import numpy as np
 import torch
+from lightning.pytorch.callbacks import Timer
 
 from generation.checkpoint import CheckpointError, describe_model, read_header, resolve_checkpoint
 from model import GPT, GPTConfig
@@ -18,7 +19,7 @@ from model import GPT, GPTConfig
 from . import failpoints
 from .checks import time_budget_seconds
 from .errors import TrainingDiverged
-from .optim import TimeBudgetSchedule, lr_factor, make_adamw
+from .optim import TimeBudgetSchedule, lr_factor, make_optimizer
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +57,13 @@ class GPTModule(L.LightningModule):
         # The tokenizer and the run's settings are in every checkpoint already (describe_model), and
         # the loggers get the run's settings from training.run: neither is kept here a second time.
         self.save_hyperparameters(
-            {"model_config": model_config.to_dict(), "optim": dict(optim), "max_steps": max_steps,
-             "val_tokens_per_char": val_tokens_per_char, "max_time_seconds": max_time_seconds},
+            {
+                "model_config": model_config.to_dict(),
+                "optim": dict(optim),
+                "max_steps": max_steps,
+                "val_tokens_per_char": val_tokens_per_char,
+                "max_time_seconds": max_time_seconds,
+            },
             logger=False,
         )
         self.max_time_seconds = max_time_seconds
@@ -103,7 +109,11 @@ class GPTModule(L.LightningModule):
         if failpoints.active("nan_weights", trainer.global_step):
             with torch.no_grad():
                 self.model.transformer.wte.weight[0, 0] = float("nan")
-        if not self.train_values or not logging_step(trainer, step_done=True) or trainer.global_step == self.logged_step:
+        if (
+            not self.train_values
+            or not logging_step(trainer, step_done=True)
+            or trainer.global_step == self.logged_step
+        ):
             return  # (with gradient accumulation, the other micro-batches of a logged step)
         self.logged_step = trainer.global_step
         values = {name: float(value) for name, value in self.train_values.items()}
@@ -136,14 +146,32 @@ class GPTModule(L.LightningModule):
 
     def configure_optimizers(self):
         opt = self.optim
-        optimizer = make_adamw(self.model, opt["lr"], opt["weight_decay"], opt["betas"])
+        optimizer = make_optimizer(self.model, opt)
         if self.max_steps <= 0 and self.max_time_seconds:
-            factor = TimeBudgetSchedule(self.max_time_seconds, opt["warmup_steps"], opt["min_lr_ratio"], opt["schedule"])
+            budget = TimeBudgetSchedule(
+                self.max_time_seconds,
+                opt["warmup_steps"],
+                opt["min_lr_ratio"],
+                opt["schedule"],
+                elapsed=self.training_time(),
+            )
+
+            def factor(step: int) -> float:  # a function, which LambdaLR leaves out of checkpoints:
+                return budget(step)  # the time spent comes back with Lightning's Timer instead
         else:
+
             def factor(step: int) -> float:
                 return lr_factor(step, opt["warmup_steps"], self.max_steps, opt["min_lr_ratio"], opt["schedule"])
+
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+    def training_time(self):
+        """The training time spent so far, as Lightning's Timer (trainer.max_time) counts it across a
+        resume; None without a trainer or a Timer."""
+        trainer = self._trainer
+        timers = [c for c in trainer.callbacks if isinstance(c, Timer)] if trainer is not None else []
+        return (lambda: timers[0].time_elapsed("train")) if timers else None
 
     def on_before_optimizer_step(self, optimizer) -> None:
         if logging_step(self.trainer):
@@ -211,8 +239,15 @@ class GPTModule(L.LightningModule):
         self.skipped_steps, self.nonfinite_in_a_row = counts.get("skipped", 0), counts.get("in_a_row", 0)
 
     @classmethod
-    def load_from_checkpoint(cls, checkpoint_path: str | Path, map_location=None, hparams_file=None, strict=None,
-                             weights_only=None, **kwargs: Any) -> GPTModule:
+    def load_from_checkpoint(
+        cls,
+        checkpoint_path: str | Path,
+        map_location=None,
+        hparams_file=None,
+        strict=None,
+        weights_only=None,
+        **kwargs: Any,
+    ) -> GPTModule:
         """Lightning's loader, for a tinygpt2 checkpoint or a run folder (its best, else last checkpoint).
 
         The tokenizer and the run's settings come from the checkpoint's own description. A checkpoint
@@ -225,15 +260,19 @@ class GPTModule(L.LightningModule):
         described: dict[str, Any] = {"tokenizer_json": header["tokenizer"], "run_config": header["settings"]}
         if not header["hyperparameters"]:
             described.update(described_before_hyperparameters(path, header))
-        return super().load_from_checkpoint(path, map_location, hparams_file, strict, weights_only, **{**described, **kwargs})
+        return super().load_from_checkpoint(
+            path, map_location, hparams_file, strict, weights_only, **{**described, **kwargs}
+        )
 
 
 def described_before_hyperparameters(path: Path, header: dict[str, Any]) -> dict[str, Any]:
     """GPTModule's arguments from the description alone (checkpoints written before the hyperparameters)."""
     settings = header["settings"]
     if "optim" not in settings or "trainer" not in settings:
-        raise CheckpointError(f"{path} holds no training settings, so no GPTModule can be rebuilt from it; "
-                              "load its model with GPT.from_checkpoint")
+        raise CheckpointError(
+            f"{path} holds no training settings, so no GPTModule can be rebuilt from it; "
+            "load its model with GPT.from_checkpoint"
+        )
     max_time = settings["trainer"].get("max_time")
     return {
         "model_config": header["model_config"],

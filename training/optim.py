@@ -1,14 +1,17 @@
-"""AdamW with parameter groups, and the learning-rate schedules."""
+"""The optimizers (AdamW with parameter groups; Muon for the blocks' weight matrices beside AdamW for the
+rest) and the learning-rate schedules."""
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 
 import torch
 from torch import nn
 
 SCHEDULES = ("cosine", "linear", "constant")
+OPTIMIZERS = ("adamw", "muon")
 
 
 def lr_factor(step: int, warmup_steps: int, total_steps: int, min_lr_ratio: float, schedule: str = "cosine") -> float:
@@ -41,12 +44,27 @@ def decay_factor(progress: float, min_lr_ratio: float, schedule: str = "cosine")
 class TimeBudgetSchedule:
     """For runs limited by time, not steps (trainer.max_time with max_steps=-1): warmup over steps,
     then the decay follows the share of the time budget spent, so the learning rate reaches its
-    floor when the time is up, whatever the machine's speed."""
+    floor when the time is up, whatever the machine's speed. `elapsed`: the training time spent so far
+    (Lightning's Timer, which a resumed run restores, so the decay goes on where it stopped); without
+    it, the time since the first step."""
 
-    def __init__(self, seconds: float, warmup_steps: int, min_lr_ratio: float, schedule: str):
+    def __init__(
+        self,
+        seconds: float,
+        warmup_steps: int,
+        min_lr_ratio: float,
+        schedule: str,
+        elapsed: Callable[[], float] | None = None,
+    ):
         if schedule not in SCHEDULES:
             raise ValueError(f"optim.schedule must be one of {SCHEDULES}, got {schedule!r}")
-        self.seconds, self.warmup_steps, self.min_lr_ratio, self.schedule = seconds, warmup_steps, min_lr_ratio, schedule
+        self.seconds, self.warmup_steps, self.min_lr_ratio, self.schedule = (
+            seconds,
+            warmup_steps,
+            min_lr_ratio,
+            schedule,
+        )
+        self.elapsed = elapsed
         self.started: float | None = None  # when the first step ran
 
     def __call__(self, step: int) -> float:
@@ -55,7 +73,8 @@ class TimeBudgetSchedule:
             self.started = now
         if step < self.warmup_steps:
             return (step + 1) / self.warmup_steps
-        return decay_factor((now - self.started) / self.seconds, self.min_lr_ratio, self.schedule)
+        spent = self.elapsed() if self.elapsed is not None else now - self.started
+        return decay_factor(spent / self.seconds, self.min_lr_ratio, self.schedule)
 
 
 def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -78,3 +97,89 @@ def make_adamw(model: nn.Module, lr: float, weight_decay: float, betas, eps: flo
         return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps, fused=True)
     except (RuntimeError, ValueError):  # a device or dtype without a fused kernel
         return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps)
+
+
+def make_optimizer(model: nn.Module, optim: dict) -> torch.optim.Optimizer:
+    """The optimizer optim.name names (adamw when a run's settings predate the choice)."""
+    name = optim.get("name", "adamw")
+    if name == "muon":
+        return MuonAdamW(model, optim["lr"], optim["weight_decay"], optim["betas"], optim["momentum"])
+    if name != "adamw":
+        raise ValueError(f"optim.name must be one of {OPTIMIZERS}, got {name!r}")
+    return make_adamw(model, optim["lr"], optim["weight_decay"], optim["betas"])
+
+
+def block_matrices(model: nn.Module) -> list[nn.Parameter]:
+    """The weights of the linear layers inside the transformer blocks (attention and MLP projections):
+    the hidden matrices Muon is meant for. Embeddings and the tied output layer are not among them."""
+    found = []
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Linear) and ".h." in f".{name}" and module.weight.requires_grad:
+            found.append(module.weight)
+    return found
+
+
+class MuonAdamW(torch.optim.Optimizer):
+    """Muon (momentum, then the update orthogonalised by Newton-Schulz iterations) for the blocks' weight
+    matrices, AdamW for embeddings, biases and LayerNorm gains, seen by Lightning and the learning-rate
+    schedule as one optimizer: its param_groups are both optimizers' own groups (so the schedule sets
+    both), its state_dict holds both. Muon's step is scaled to match AdamW's update size
+    (adjust_lr_fn="match_rms_adamw"), so one optim.lr serves both."""
+
+    def __init__(self, model: nn.Module, lr: float, weight_decay: float, betas, momentum: float):
+        matrices = block_matrices(model)
+        chosen = {id(p) for p in matrices}
+        rest = [p for p in model.parameters() if p.requires_grad and id(p) not in chosen]
+        self.muon = torch.optim.Muon(
+            matrices, lr=lr, weight_decay=weight_decay, momentum=momentum, adjust_lr_fn="match_rms_adamw"
+        )
+        decay = [p for p in rest if p.dim() >= 2]  # the embeddings (one of them tied to the output layer)
+        no_decay = [p for p in rest if p.dim() < 2]
+        groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        try:
+            self.adamw = torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), fused=True)
+        except (RuntimeError, ValueError):
+            self.adamw = torch.optim.AdamW(groups, lr=lr, betas=tuple(betas))
+        self.combined = False  # while Optimizer.__init__ checks the groups, they are its own list
+        super().__init__([*self.muon.param_groups, *self.adamw.param_groups], {})
+        self.combined = True
+
+    @property
+    def param_groups(self) -> list[dict]:
+        """The inner optimizers' groups, looked up each time: loading a state replaces their dicts."""
+        if not self.__dict__.get("combined"):
+            return self.__dict__.setdefault("registering", [])
+        return [*self.muon.param_groups, *self.adamw.param_groups]
+
+    @param_groups.setter
+    def param_groups(self, value) -> None:
+        self.__dict__["registering"] = value
+
+    @property
+    def state(self) -> dict:
+        """Both optimizers' per-parameter state (the dicts themselves, so moving them to a device works)."""
+        return {**self.muon.state, **self.adamw.state}
+
+    @state.setter
+    def state(self, value) -> None:  # Optimizer.__init__ sets an empty one; the inner optimizers keep theirs
+        pass
+
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self.muon.step()
+        self.adamw.step()
+        return loss
+
+    def state_dict(self) -> dict:
+        return {"muon": self.muon.state_dict(), "adamw": self.adamw.state_dict()}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        if set(state_dict) != {"muon", "adamw"}:
+            raise ValueError(
+                "this optimizer state is not optim=muon's (muon and adamw); continue the run with its own optim"
+            )
+        self.muon.load_state_dict(state_dict["muon"])
+        self.adamw.load_state_dict(state_dict["adamw"])

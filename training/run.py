@@ -31,6 +31,7 @@ from .sweep import result_record, summarize
 
 log = logging.getLogger(__name__)
 
+
 @dataclass
 class RunResult:
     run_dir: Path
@@ -40,6 +41,8 @@ class RunResult:
     step: int = 0
     finished: bool = True  # False when a signal stopped the run early
     stopped_by: str | None = None
+    prompt: str = ""  # the run's first sample prompt, for the generate.py command it suggests
+    fallback: str | None = None  # why the run trained on a stand-in text (data.sources.Source.fallback)
 
 
 def train(
@@ -65,8 +68,11 @@ def train(
         try:
             if checkpoint is None and main_process:
                 folder.check_new("run_dir")
-            settings, start = (resolve(requested, named) if checkpoint is None
-                               else (resolve_resumed(checkpoint, requested, named), None))
+            settings, start = (
+                resolve(requested, named)
+                if checkpoint is None
+                else (resolve_resumed(checkpoint, requested, named), None)
+            )
         except USER_ERRORS:
             if taken is not None and checkpoint is None:
                 taken.take_back()  # a refused start leaves nothing behind
@@ -101,7 +107,9 @@ def record(folder: RunFolder, settings: RunSettings, result: RunResult, override
     """result.json, with the command line the run started with (and a resume's own beside it); the
     summary of the sweep the run is a job of; the latest link."""
     first = folder.first_overrides() if settings.resume_from else None
-    entry = result_record(folder, first if first is not None else overrides, settings.saved(), result.metrics, result.finished)
+    entry = result_record(
+        folder, first if first is not None else overrides, settings.saved(), result.metrics, result.finished
+    )
     if settings.resume_from:
         entry["resumed_with"] = overrides
     folder.write_result(entry)
@@ -115,7 +123,9 @@ def record(folder: RunFolder, settings: RunSettings, result: RunResult, override
 # ---- building and fitting ----------------------------------------------------------------------------
 
 
-def fit(settings: RunSettings, folder: RunFolder, start: Start | None, extra_callbacks: Sequence[L.Callback]) -> RunResult:
+def fit(
+    settings: RunSettings, folder: RunFolder, start: Start | None, extra_callbacks: Sequence[L.Callback]
+) -> RunResult:
     quiet_known_warnings()
     L.seed_everything(settings.values["seed"], workers=True, verbose=False)
     if torch.cuda.is_available():
@@ -152,6 +162,8 @@ def fit(settings: RunSettings, folder: RunFolder, start: Start | None, extra_cal
         step=trainer.global_step,
         finished=graceful.stopped_at is None,
         stopped_by=graceful.requested if graceful.stopped_at is not None else None,
+        prompt=sample_prompts(settings.values)[0],
+        fallback=settings.tokens.fallback,
     )
 
 
@@ -214,8 +226,17 @@ def build_callbacks(settings: RunSettings, folder: RunFolder) -> list[L.Callback
         callbacks.append(ProgressBar(settings.accumulation))
     samples = settings.values["samples"]
     if samples["enabled"]:
-        callbacks.append(TextSamples(folder.samples_file, settings.tokenizer_json, sample_prompts(settings.values), samples["max_new_tokens"],
-                                     samples["temperature"], samples["top_k"], samples["seed"]))
+        callbacks.append(
+            TextSamples(
+                folder.samples_file,
+                settings.tokenizer_json,
+                sample_prompts(settings.values),
+                samples["max_new_tokens"],
+                samples["temperature"],
+                samples["top_k"],
+                samples["seed"],
+            )
+        )
     return callbacks
 
 
@@ -233,9 +254,18 @@ def describe_run(settings: RunSettings, module: GPTModule) -> None:
     log.info(
         "model: %s parameters (%d layers, %d heads, %d wide, context %d, vocab %d); data: %s; "
         "%d tokens per step = %d sequences x %d tokens x %d device(s) x %d accumulation",
-        f"{module.model.num_parameters():,}", config.n_layer, config.n_head, config.n_embd, config.block_size,
-        config.vocab_size, settings.tokens.meta.get("source"), settings.tokens_per_step,
-        settings.values["data"]["batch_size"], config.block_size, settings.world_size, settings.accumulation,
+        f"{module.model.num_parameters():,}",
+        config.n_layer,
+        config.n_head,
+        config.n_embd,
+        config.block_size,
+        config.vocab_size,
+        settings.tokens.meta.get("source"),
+        settings.tokens_per_step,
+        settings.values["data"]["batch_size"],
+        config.block_size,
+        settings.world_size,
+        settings.accumulation,
     )
     if settings.resume_from:
         log.info("resuming from %s (step %d)", settings.resume_from, settings.resume_step)

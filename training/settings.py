@@ -51,21 +51,48 @@ LAUNCH_KEYS = ("resume", "runs_root", "latest_link")
 # runs, how it checkpoints, validates, samples and reports, and the hardware it runs on (the global
 # batch, tokens_per_step, stays, so the accumulation follows the devices).
 CHANGEABLE_ON_RESUME = (
-    "trainer.max_steps", "trainer.max_time",
-    "checkpoint.", "samples.",
-    "trainer.val_check_interval", "trainer.limit_val_batches", "trainer.log_every_n_steps",
-    "trainer.enable_progress_bar", "trainer.enable_model_summary", "trainer.profiler",
-    "trainer.accelerator", "trainer.devices", "trainer.num_nodes", "trainer.strategy", "trainer.precision", "compile",
-    "data.num_proc", "data.num_workers", "data.cache_dir", "data.shard_chars",
-    "data.local_copies", "data.url",  # where Tiny Shakespeare is looked for; that it is the same text is checked
+    "trainer.max_steps",
+    "trainer.max_time",
+    "checkpoint.",
+    "samples.",
+    "trainer.val_check_interval",
+    "trainer.limit_val_batches",
+    "trainer.log_every_n_steps",
+    "trainer.enable_progress_bar",
+    "trainer.enable_model_summary",
+    "trainer.profiler",
+    "trainer.accelerator",
+    "trainer.devices",
+    "trainer.num_nodes",
+    "trainer.strategy",
+    "trainer.precision",
+    "compile",
+    "data.num_proc",
+    "data.num_workers",
+    "data.cache_dir",
+    "data.shard_chars",
+    "data.local_copies",
+    "data.url",  # where Tiny Shakespeare is looked for; that it is the same text is checked
 )
 
 # Settings whose requested value means "work it out", and so matches whatever the run worked out.
 WORKED_OUT = {"model.vocab_size": None, "tokens_per_step": None, "trainer.accumulate_grad_batches": 1}
 
 # Settings that name local files (or lists of them): made absolute, so a run continues from any folder.
-PATH_KEYS = ("data.path", "data.val_path", "data.local_copies", "data.cache_dir", "tokenizer.path", "init_from",
-             "runs_root", "latest_link")
+PATH_KEYS = (
+    "data.path",
+    "data.val_path",
+    "data.local_copies",
+    "data.cache_dir",
+    "tokenizer.path",
+    "init_from",
+    "runs_root",
+    "latest_link",
+)
+
+# Passes over a stand-in corpus (the offline pydoc text that data=shakespeare falls back to) after which
+# a run of it stops: more overfit so small a text (bench/README.md, "The offline fallback").
+FALLBACK_PASSES = 6
 
 # Trainer settings resolved here rather than passed to lightning.Trainer as they are.
 RESOLVED_TRAINER_KEYS = ("strategy", "precision", "accumulate_grad_batches")
@@ -110,7 +137,10 @@ class RunSettings:
 
     def saved(self) -> dict[str, Any]:
         """What config.yaml and each checkpoint hold: the settings, and the token cache entry."""
-        return {**copy.deepcopy(self.values), PREPARED: {"cache_key": self.tokens.key, "source": self.tokens.meta.get("source")}}
+        return {
+            **copy.deepcopy(self.values),
+            PREPARED: {"cache_key": self.tokens.key, "source": self.tokens.meta.get("source")},
+        }
 
 
 def trainer_arguments(trainer: dict[str, Any]) -> dict[str, Any]:
@@ -155,7 +185,9 @@ def check(values: dict[str, Any], new_run: bool = True) -> tuple[dict[str, Any],
         values = check_values(values)
         init_from = values.get("init_from")
         if new_run and init_from and not Path(init_from).expanduser().exists():
-            raise CheckpointError(f"init_from={init_from} does not exist; pass a .ckpt file, a run folder or a Hugging Face folder")
+            raise CheckpointError(
+                f"init_from={init_from} does not exist; pass a .ckpt file, a run folder or a Hugging Face folder"
+            )
         check_writable("data.cache_dir", values["data"]["cache_dir"])
         for name in PATH_KEYS:
             if lookup(values, name) is not ABSENT:
@@ -163,11 +195,17 @@ def check(values: dict[str, Any], new_run: bool = True) -> tuple[dict[str, Any],
         trainer = values["trainer"]
         accelerator = str(trainer.get("accelerator", "auto"))
         if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
-            raise SettingError(f"trainer.accelerator={accelerator}: this machine has no CUDA GPU; use trainer.accelerator=cpu or auto")
+            raise SettingError(
+                f"trainer.accelerator={accelerator}: this machine has no CUDA GPU; use trainer.accelerator=cpu or auto"
+            )
         if accelerator == "mps" and not torch.backends.mps.is_available():
-            raise SettingError("trainer.accelerator=mps: MPS is not available here; use trainer.accelerator=cpu or auto")
+            raise SettingError(
+                "trainer.accelerator=mps: MPS is not available here; use trainer.accelerator=cpu or auto"
+            )
         trainer["precision"] = choose_precision(trainer.get("precision"))
-        world_size = probe_trainer(trainer_arguments(trainer), choose_strategy(trainer.get("strategy", "auto")), trainer["precision"])
+        world_size = probe_trainer(
+            trainer_arguments(trainer), choose_strategy(trainer.get("strategy", "auto")), trainer["precision"]
+        )
         if new_run and not values.get("init_from"):
             global_batch(values, world_size)
         _CHECKED[key] = (values, world_size)
@@ -209,6 +247,7 @@ def resolve(requested: dict[str, Any], named: Iterable[str] = ()) -> tuple[RunSe
         values["model"] = model.to_dict()
         check_sizes(tokens, model.block_size)
         values["tokens_per_step"], accumulation = global_batch(values, world_size)
+        size_to_fallback(values, tokens, named)
         check_sample_prompts(values, tokens.tokenizer_json)
     except (SettingError, ConfigError, DataError):
         if tokens.made_now:  # refused: the entry made for it goes too
@@ -216,6 +255,36 @@ def resolve(requested: dict[str, Any], named: Iterable[str] = ()) -> tuple[RunSe
         raise
     values["trainer"]["accumulate_grad_batches"] = accumulation
     return RunSettings(values, model, tokens, world_size, accumulation), start
+
+
+def size_to_fallback(values: dict[str, Any], tokens: TokenCache, named: Iterable[str]) -> None:
+    """A run on a stand-in corpus (tokens.fallback says why) is cut to FALLBACK_PASSES passes over its
+    training tokens, unless the command line sets trainer.max_steps, and its samples start from
+    <|endoftext|> unless samples.prompts is given (the data's own prompts belong to the text it lacks).
+    Says so in one warning line."""
+    if not tokens.fallback:
+        return
+    trainer, train_tokens = values["trainer"], tokens.meta["train_tokens"]
+    steps = -(-FALLBACK_PASSES * train_tokens // values["tokens_per_step"])
+    planned, steps = trainer["max_steps"], max(steps, values["optim"]["warmup_steps"] + 1)
+    cut = "trainer.max_steps" not in set(named) and (planned == -1 or planned > steps)
+    if cut:
+        trainer["max_steps"] = steps
+    if not values["samples"]["prompts"]:
+        values["samples"]["prompts"] = [""]
+    if cut:
+        was = "the time budget" if planned == -1 else f"{planned:,}"
+        length = f"for {steps:,} steps ({FALLBACK_PASSES} passes over its {train_tokens:,} training tokens) rather than {was}, as more would overfit it"
+    else:
+        length = f"for trainer.max_steps={planned:,} as given ({planned * values['tokens_per_step'] / train_tokens:.1f} passes)"
+    chars = tokens.meta["train_chars"] + tokens.meta["val_chars"]
+    log.warning(
+        "%s: training on the offline pydoc corpus (%s characters of Python's help texts) instead, %s; "
+        "set data.path=/path/to/input.txt to use a local copy",
+        tokens.fallback,
+        f"{chars:,}",
+        length,
+    )
 
 
 def resolve_resumed(checkpoint: Path, requested: dict[str, Any], named: Iterable[str]) -> RunSettings:
@@ -233,7 +302,9 @@ def resolve_resumed(checkpoint: Path, requested: dict[str, Any], named: Iterable
     return RunSettings(values, model, tokens, world_size, accumulation, resume_from=checkpoint, resume_step=step)
 
 
-def continue_settings(checkpoint: Path, requested: dict[str, Any], named: Iterable[str]) -> tuple[dict, int, int, Tokenizer | None]:
+def continue_settings(
+    checkpoint: Path, requested: dict[str, Any], named: Iterable[str]
+) -> tuple[dict, int, int, Tokenizer | None]:
     """The settings a run continues with, checked, before anything is made: its checkpoint's, with the
     named settings that may change taken from the command line (others that differ are refused), with
     steps left to train, on the data it started with. Returns (values, world size, step, tokenizer)."""
@@ -256,7 +327,9 @@ def continue_settings(checkpoint: Path, requested: dict[str, Any], named: Iterab
     tokenizer = Tokenizer.from_str(header["tokenizer"]) if header.get("tokenizer") else None
     if prepared:
         data = OmegaConf.create(values["data"])
-        source, key = corpus_key(data, OmegaConf.create(values["tokenizer"]), tokenizer if values.get("init_from") else None)
+        source, key = corpus_key(
+            data, OmegaConf.create(values["tokenizer"]), tokenizer if values.get("init_from") else None
+        )
         if key != prepared["cache_key"]:
             raise SettingError(
                 f"the data of the run being resumed ({run}) has changed since it started ({prepared.get('source')} "
@@ -276,8 +349,10 @@ def read_run_header(checkpoint: Path) -> dict[str, Any]:
             "pass an earlier checkpoint of the run, e.g. resume=<run>/checkpoints/step-NNNNNN.ckpt"
         ) from None
     if not header["settings"]:
-        raise CheckpointError(f"{checkpoint} carries no run settings, so it cannot be resumed; init_from={checkpoint} "
-                              "starts a new run from its weights")
+        raise CheckpointError(
+            f"{checkpoint} carries no run settings, so it cannot be resumed; init_from={checkpoint} "
+            "starts a new run from its weights"
+        )
     return header
 
 
@@ -319,7 +394,9 @@ def final_model(model: dict[str, Any], tokenizer_vocab: int) -> GPTConfig:
 # ---- continuing a run --------------------------------------------------------------------------------
 
 
-def continue_values(saved: dict[str, Any], requested: dict[str, Any], named: Iterable[str], run: Path) -> dict[str, Any]:
+def continue_values(
+    saved: dict[str, Any], requested: dict[str, Any], named: Iterable[str], run: Path
+) -> dict[str, Any]:
     """The saved settings, with the named settings that may change on resume taken from the command
     line. A named setting that contradicts the saved run is refused, naming both values."""
     values = copy.deepcopy(saved)
@@ -344,8 +421,11 @@ def check_continuation(values: dict[str, Any], step: int) -> None:
     """A continued run with a step limit must have steps left to train."""
     max_steps = values["trainer"]["max_steps"]
     if 0 < max_steps <= step:
-        where = f"finished: it reached trainer.max_steps={max_steps}" if max_steps == step else \
-            f"already at step {step}, past trainer.max_steps={max_steps}"
+        where = (
+            f"finished: it reached trainer.max_steps={max_steps}"
+            if max_steps == step
+            else f"already at step {step}, past trainer.max_steps={max_steps}"
+        )
         raise SettingError(f"the run is {where}; give a larger trainer.max_steps to train it further")
 
 

@@ -1,0 +1,124 @@
+"""optim=muon: Muon for the blocks' weight matrices, AdamW for the rest, one optimizer to Lightning,
+resumable bit for bit like AdamW."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+
+from model import GPT, GPTConfig
+from training.optim import MuonAdamW, block_matrices
+
+from .common import TINY, run_script
+
+CONFIG = GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64, dropout=0.0)
+
+
+def muon_of(model: GPT) -> MuonAdamW:
+    return MuonAdamW(model, lr=1e-2, weight_decay=0.1, betas=(0.9, 0.99), momentum=0.95)
+
+
+def test_each_parameter_has_one_optimizer_and_the_hidden_matrices_have_muon():
+    model = GPT(CONFIG)
+    optimizer = muon_of(model)
+    muon = {id(p) for g in optimizer.muon.param_groups for p in g["params"]}
+    adamw = {id(p) for g in optimizer.adamw.param_groups for p in g["params"]}
+    assert not muon & adamw and muon | adamw == {id(p) for p in model.parameters()}
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert sorted(names[i] for i in muon) == sorted(
+        f"transformer.h.{i}.{part}.weight"
+        for i in range(2)
+        for part in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
+    )
+    assert all(p is not model.transformer.wte.weight for p in block_matrices(model))  # tied to the output layer
+    # the schedule sees every group: setting lr on the combined groups sets the inner optimizers'
+    for group in optimizer.param_groups:
+        group["lr"] = 0.5
+    assert all(g["lr"] == 0.5 for opt in (optimizer.muon, optimizer.adamw) for g in opt.param_groups)
+
+
+def test_a_step_moves_every_parameter_and_the_state_round_trips():
+    torch.manual_seed(0)
+    model = GPT(CONFIG)
+    optimizer = muon_of(model)
+    before = [p.detach().clone() for p in model.parameters()]
+    idx = torch.randint(0, 64, (2, 16))
+
+    def closure():
+        optimizer.zero_grad()
+        _, loss = model(idx, idx)
+        loss.backward()
+        return loss
+
+    loss = optimizer.step(closure)
+    assert torch.isfinite(loss)
+    assert all(not torch.equal(a, p) for a, p in zip(before, model.parameters(), strict=True))
+    again = muon_of(model)
+    again.load_state_dict(optimizer.state_dict())
+    mine, theirs = optimizer.state_dict(), again.state_dict()
+    for part in ("muon", "adamw"):
+        for key, values in mine[part]["state"].items():
+            for name, value in values.items():
+                assert torch.equal(value, theirs[part]["state"][key][name]), (part, name)
+    assert len(optimizer.state) == sum(1 for _ in model.parameters())
+
+
+def test_an_adamw_state_is_refused_by_muon():
+    model = GPT(CONFIG)
+    adamw = torch.optim.AdamW(model.parameters())
+    with pytest.raises(ValueError, match="not optim=muon's"):
+        muon_of(model).load_state_dict(adamw.state_dict())
+
+
+def final_state(run: Path) -> dict:
+    checkpoint = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
+    return {"weights": checkpoint["state_dict"], "optimizer": checkpoint["optimizer_states"][0]}
+
+
+def assert_same(a, b, where: str = "") -> None:
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for key in a:
+            assert_same(a[key], b[key], f"{where}.{key}")
+    elif torch.is_tensor(a):
+        assert torch.equal(a, b), where
+    else:
+        assert a == b, where
+
+
+@pytest.mark.slow
+def test_a_killed_muon_run_resumes_bit_for_bit_with_the_command_it_is_told(small_text, tmp_path):
+    args = [
+        *TINY,
+        f"data.path={small_text}",
+        "optim=muon",
+        "optim.warmup_steps=2",
+        "trainer.max_steps=10",
+        "trainer.val_check_interval=5",
+        "checkpoint.every_n_steps=2",
+    ]
+    reference = run_script("train.py", *args, "runs_root=reference", cwd=tmp_path)
+    assert reference.returncode == 0, reference.stderr[-2000:]
+    [ref_run] = [p.parent.parent for p in (tmp_path / "reference").glob("**/checkpoints/last.ckpt")]
+
+    env = {**os.environ, "TINYGPT2_FAILPOINT": "kill:7"}
+    killed = run_script("train.py", *args, cwd=tmp_path, env=env)
+    assert killed.returncode == -signal.SIGKILL
+    [run] = [p.parent for p in (tmp_path / "outputs").glob("*/*/.hydra")]
+    resumed = run_script("train.py", f"resume={run}", cwd=tmp_path)  # only the run: its settings are its own
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert_same(final_state(run), final_state(ref_run))
+    assert set(final_state(run)["optimizer"]) == {"muon", "adamw"}
+
+
+def test_muon_chosen_by_name_alone_is_refused_with_the_group_to_use(tmp_path):
+    proc = run_script("train.py", *TINY, "optim.name=muon", cwd=tmp_path)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "error: optim.name=muon needs optim.momentum; choose the group instead: optim=muon"
+    )
+    assert not (tmp_path / "outputs").exists()  # a refused command leaves nothing
