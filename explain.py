@@ -82,23 +82,46 @@ def embedding_steps(walk: Walk, model: GPT, idx: torch.Tensor, layer: int) -> to
     c = model.config
     B, T = idx.shape
     ids = idx[0].tolist()
-    listed = wrap("  ".join(f"{label}={i}" for label, i in zip(walk.labels, ids)))
-    walk.add("idx", "idx", idx, f"the prompt as token ids: B = {B} sequence of T = {T} token{'s' if T > 1 else ''}",
-             lines=listed, values=ids, labels=walk.labels)
+    listed = wrap("  ".join(f"{label}={i}" for label, i in zip(walk.labels, ids, strict=True)))
+    walk.add(
+        "idx",
+        "idx",
+        idx,
+        f"the prompt as token ids: B = {B} sequence of T = {T} token{'s' if T > 1 else ''}",
+        lines=listed,
+        values=ids,
+        labels=walk.labels,
+    )
     tokens, positions, x = embed(model, idx)
-    walk.add("wte", "wte(idx)", tokens,
-             f"token embeddings: row idx of wte ({c.vocab_size} x {c.n_embd}), one C = {c.n_embd} vector per token")
+    walk.add(
+        "wte",
+        "wte(idx)",
+        tokens,
+        f"token embeddings: row idx of wte ({c.vocab_size} x {c.n_embd}), one C = {c.n_embd} vector per token",
+    )
     rows = "row 0" if T == 1 else f"rows 0..{T - 1}"
-    walk.add("wpe", "wpe(arange(T))", positions,
-             f"position embeddings: {rows} of wpe ({c.block_size} x {c.n_embd}), the same for every sequence")
-    walk.add("x", "x = wte(idx) + wpe(arange(T))", x,
-             "what each token is plus where it stands (added, broadcast over B): the residual stream")
+    walk.add(
+        "wpe",
+        "wpe(arange(T))",
+        positions,
+        f"position embeddings: {rows} of wpe ({c.block_size} x {c.n_embd}), the same for every sequence",
+    )
+    walk.add(
+        "x",
+        "x = wte(idx) + wpe(arange(T))",
+        x,
+        "what each token is plus where it stands (added, broadcast over B): the residual stream",
+    )
     if layer > 0:
         for block in model.transformer.h[:layer]:
             x = block(x)
-        walk.add("blocks", f"x = h[{'0' if layer == 1 else f'0..{layer - 1}'}](x)", x,
-                 f"the model's own blocks before layer {layer}, each x + attn(ln_1(x)), then x + mlp(ln_2(x)); "
-                 "the width stays C")
+        walk.add(
+            "blocks",
+            f"x = h[{'0' if layer == 1 else f'0..{layer - 1}'}](x)",
+            x,
+            f"the model's own blocks before layer {layer}, each x + attn(ln_1(x)), then x + mlp(ln_2(x)); "
+            "the width stays C",
+        )
     return x
 
 
@@ -108,21 +131,42 @@ def projection_steps(walk: Walk, block: nn.Module, x: torch.Tensor) -> tuple[tor
     B, T, C = x.shape
     nh, hs = attn.n_head, C // attn.n_head
     x_ln = block.ln_1(x)
-    walk.add("ln_1", "ln_1(x)", x_ln, "LayerNorm: each token's vector brought to mean 0 and variance 1, "
-             "then scaled and shifted by learned weights")
+    walk.add(
+        "ln_1",
+        "ln_1(x)",
+        x_ln,
+        "LayerNorm: each token's vector brought to mean 0 and variance 1, then scaled and shifted by learned weights",
+    )
     qkv = attn.c_attn(x_ln)
-    walk.add("c_attn", "qkv = c_attn(ln_1(x))", qkv, f"one Linear({C}, {3 * C}): the queries, keys and values "
-             f"of all {nh} heads in one matrix multiply")
+    walk.add(
+        "c_attn",
+        "qkv = c_attn(ln_1(x))",
+        qkv,
+        f"one Linear({C}, {3 * C}): the queries, keys and values of all {nh} heads in one matrix multiply",
+    )
     q, k, v = qkv.split(C, dim=2)
-    walk.add("split", "q, k, v = qkv.split(C, dim=2)", q, f"three (B, T, C) tensors; in each, columns "
-             f"h*{hs}..h*{hs}+{hs - 1} belong to head h")
+    walk.add(
+        "split",
+        "q, k, v = qkv.split(C, dim=2)",
+        q,
+        f"three (B, T, C) tensors; in each, columns h*{hs}..h*{hs}+{hs - 1} belong to head h",
+    )
     q, k, v = (t.view(B, T, nh, hs).transpose(1, 2) for t in (q, k, v))
-    walk.add("q", "q.view(B, T, nh, hs).transpose(1, 2)", q, f"view cuts C = {C} into nh = {nh} heads of "
-             f"hs = {hs}; transpose puts the head before the token, so each head is its own (T, hs) matrix: "
-             "what each token is looking for")
+    walk.add(
+        "q",
+        "q.view(B, T, nh, hs).transpose(1, 2)",
+        q,
+        f"view cuts C = {C} into nh = {nh} heads of "
+        f"hs = {hs}; transpose puts the head before the token, so each head is its own (T, hs) matrix: "
+        "what each token is looking for",
+    )
     walk.add("k", "k.view(B, T, nh, hs).transpose(1, 2)", k, "the keys, cut the same way: what each token offers")
-    walk.add("v", "v.view(B, T, nh, hs).transpose(1, 2)", v, "the values, cut the same way: what each token "
-             "passes on to the tokens that attend to it")
+    walk.add(
+        "v",
+        "v.view(B, T, nh, hs).transpose(1, 2)",
+        v,
+        "the values, cut the same way: what each token passes on to the tokens that attend to it",
+    )
     return x_ln, q, k, v
 
 
@@ -130,22 +174,40 @@ def weight_steps(walk: Walk, attn: nn.Module, q: torch.Tensor, k: torch.Tensor, 
     """q, k (B, nh, T, hs) -> attention weights (B, nh, T, T)."""
     T, hs = q.size(2), q.size(3)
     scores = (q @ k.transpose(-2, -1)) / math.sqrt(hs)
-    walk.add("scores", "q @ k.transpose(-2, -1) / sqrt(hs)", scores,
-             f"how well token t's query matches token s's key, in every head; dividing by sqrt({hs}) = "
-             f"{math.sqrt(hs):.3f} keeps the scores from growing with hs and the softmax from saturating")
+    walk.add(
+        "scores",
+        "q @ k.transpose(-2, -1) / sqrt(hs)",
+        scores,
+        f"how well token t's query matches token s's key, in every head; dividing by sqrt({hs}) = "
+        f"{math.sqrt(hs):.3f} keeps the scores from growing with hs and the softmax from saturating",
+    )
     allowed = causal_mask(T, T, q.device)
     masked = scores.masked_fill(~allowed, float("-inf"))
     n = min(T, MASK_TOKENS)
-    walk.add("mask", "scores.masked_fill(~causal, -inf)", masked,
-             "a token may attend to itself and to earlier tokens, never to later ones: it learns to predict "
-             "the next token without seeing it", lines=mask_grid(allowed, walk.labels),
-             mask=allowed[:n, :n].int().tolist(), mask_labels=walk.labels[:n])
+    walk.add(
+        "mask",
+        "scores.masked_fill(~causal, -inf)",
+        masked,
+        "a token may attend to itself and to earlier tokens, never to later ones: it learns to predict "
+        "the next token without seeing it",
+        lines=mask_grid(allowed, walk.labels),
+        mask=allowed[:n, :n].int().tolist(),
+        mask_labels=walk.labels[:n],
+    )
     att = attn.attn_dropout(torch.softmax(masked, dim=-1))  # dropout: off in eval
     row = att[0, head, T - 1].tolist()  # the last token sees every token
-    walk.add("softmax", "att = softmax(scores, dim=-1)", att,
-             "each row becomes weights >= 0 that add up to 1 (a masked -inf becomes 0): how much each token "
-             "takes from each earlier one", lines=row_lines(row, walk.labels, head),
-             head=head, query=T - 1, row=row, row_sum=sum(row))
+    walk.add(
+        "softmax",
+        "att = softmax(scores, dim=-1)",
+        att,
+        "each row becomes weights >= 0 that add up to 1 (a masked -inf becomes 0): how much each token "
+        "takes from each earlier one",
+        lines=row_lines(row, walk.labels, head),
+        head=head,
+        query=T - 1,
+        row=row,
+        row_sum=sum(row),
+    )
     return att
 
 
@@ -153,16 +215,33 @@ def output_steps(walk: Walk, attn: nn.Module, att: torch.Tensor, v: torch.Tensor
     """Weights (B, nh, T, T) and values (B, nh, T, hs) -> the attention output (B, T, C)."""
     B, T, C = x.shape
     y = att @ v
-    walk.add("att_v", "y = att @ v", y, "each token's output in each head: the weighted average of the value "
-             "vectors of the tokens it attends to")
+    walk.add(
+        "att_v",
+        "y = att @ v",
+        y,
+        "each token's output in each head: the weighted average of the value vectors of the tokens it attends to",
+    )
     merged = y.transpose(1, 2).contiguous().view(B, T, C)
-    walk.add("merge", "y.transpose(1, 2).contiguous().view(B, T, C)", merged,
-             f"the {attn.n_head} heads' outputs side by side again, hs = {C // attn.n_head} columns each")
+    walk.add(
+        "merge",
+        "y.transpose(1, 2).contiguous().view(B, T, C)",
+        merged,
+        f"the {attn.n_head} heads' outputs side by side again, hs = {C // attn.n_head} columns each",
+    )
     out = attn.resid_dropout(attn.c_proj(merged))  # dropout: off in eval
-    walk.add("c_proj", "out = c_proj(y)", out, f"Linear({C}, {C}): mixes what the heads found; this is "
-             "the block's attention output")
-    walk.add("residual", "x + out", x + out, "the residual connection: attention adds to the stream instead of "
-             "replacing it; next in the block, the MLP adds its part the same way")
+    walk.add(
+        "c_proj",
+        "out = c_proj(y)",
+        out,
+        f"Linear({C}, {C}): mixes what the heads found; this is the block's attention output",
+    )
+    walk.add(
+        "residual",
+        "x + out",
+        x + out,
+        "the residual connection: attention adds to the stream instead of "
+        "replacing it; next in the block, the MLP adds its part the same way",
+    )
     return out
 
 
@@ -248,9 +327,14 @@ def kv_cache_view(model: GPT, idx: torch.Tensor, layer: int, full_out: torch.Ten
     finally:
         model.clear_kv_cache()
     return {
-        "prefill_tokens": prefilled, "cache_buffer_shape": buffer, "q_shape": list(q.shape),
-        "k_shape": list(keys.shape), "v_shape": list(values.shape), "scores_shape": list(scores.shape),
-        "output_shape": list(out.shape), "max_diff": max_diff(out[:, -1], full_out[:, -1]),
+        "prefill_tokens": prefilled,
+        "cache_buffer_shape": buffer,
+        "q_shape": list(q.shape),
+        "k_shape": list(keys.shape),
+        "v_shape": list(values.shape),
+        "scores_shape": list(scores.shape),
+        "output_shape": list(out.shape),
+        "max_diff": max_diff(out[:, -1], full_out[:, -1]),
     }
 
 
@@ -269,8 +353,10 @@ def mask_grid(allowed: torch.Tensor, labels: list[str]) -> list[str]:
     """The causal mask of the first few tokens, labelled: ✓ may attend, · masked."""
     n = min(len(labels), MASK_TOKENS)
     names = [short(label) for label in labels[:n]]
-    lines = wrap(f"the mask of the first {n} tokens (row: the token looking; column: the token looked at; "
-                 "✓ may attend, · set to -inf):")
+    lines = wrap(
+        f"the mask of the first {n} tokens (row: the token looking; column: the token looked at; "
+        "✓ may attend, · set to -inf):"
+    )
     lines.append((" " * 8 + "".join(f"{name:<7}" for name in names)).rstrip())
     for i, name in enumerate(names):
         lines.append((f"{name:<8}" + "".join(f"{'✓' if allowed[i, j] else '·':<7}" for j in range(n))).rstrip())
@@ -281,8 +367,10 @@ def row_lines(row: list[float], labels: list[str], head: int) -> list[str]:
     """One row of a head's weights: the last token's, over every token (the largest, when there are many)."""
     T = len(row)
     shown = sorted(sorted(range(T), key=lambda s: -row[s])[:ROW_TOKENS])
-    lines = wrap(f'head {head}, row of the last token "{labels[-1]}" (position {T - 1}): its weight on each token'
-                 + (f" (the {len(shown)} largest of {T}):" if len(shown) < T else ":"))
+    lines = wrap(
+        f'head {head}, row of the last token "{labels[-1]}" (position {T - 1}): its weight on each token'
+        + (f" (the {len(shown)} largest of {T}):" if len(shown) < T else ":")
+    )
     lines += wrap("  ".join(f"{short(labels[s], 10)}={row[s]:.3f}" for s in shown), indent=6)
     rest = sum(row) - sum(row[s] for s in shown)
     tail = f"; the {T - len(shown)} not shown add up to {rest:.3f}" if len(shown) < T else ""
@@ -305,8 +393,10 @@ def print_lines(lines: list[str], out) -> None:
 def print_text(report: dict, out=None) -> None:
     out = out or sys.stdout
     c, layer = report["config"], report["layer"]
-    shape = (f"{c['n_layer']} layers of nh = {c['n_head']} heads, C = {c['n_embd']} wide (hs = C / nh = "
-             f"{c['n_embd'] // c['n_head']}), block_size {c['block_size']}, vocab {c['vocab_size']}")
+    shape = (
+        f"{c['n_layer']} layers of nh = {c['n_head']} heads, C = {c['n_embd']} wide (hs = C / nh = "
+        f"{c['n_embd'] // c['n_head']}), block_size {c['block_size']}, vocab {c['vocab_size']}"
+    )
     print_lines([f"model: {report['checkpoint']}", f"{shape}; explaining layer {layer}, head {report['head']}"], out)
     print(heading("embeddings"), file=out)
     for number, step in enumerate(report["steps"], 1):
@@ -315,8 +405,16 @@ def print_text(report: dict, out=None) -> None:
         print(f"{number:>2}. {step.code:<{CODE_WIDTH}} {shape_text(step.shape)}", file=out)
         for line in wrap(step.meaning) + step.lines:
             print("    " + line, file=out)
-    print_lines(["", (f"check: max |step by step - block.attn(block.ln_1(x))| = {report['layer_max_diff']:.3g} "
-                      "(float32 rounding: the same sums in another order)")], out)
+    print_lines(
+        [
+            "",
+            (
+                f"check: max |step by step - block.attn(block.ln_1(x))| = {report['layer_max_diff']:.3g} "
+                "(float32 rounding: the same sums in another order)"
+            ),
+        ],
+        out,
+    )
     print_per_head(report, out)
     print_kv_cache(report, out)
 
@@ -326,14 +424,21 @@ def print_per_head(report: dict, out) -> None:
     C, nh = c["n_embd"], c["n_head"]
     hs = C // nh
     print(heading("the same layer with separate per-head projections"), file=out)
-    print_lines([
-        (f"c_attn.weight is ({3 * C}, {C}): rows 0..{C - 1} make q, {C}..{2 * C - 1} k, {2 * C}..{3 * C - 1} v, "
-         f"and in each, head h owns the {hs} rows from h*{hs}. Cut into 3 x {nh} = {report['per_head_linears']} "
-         f"separate Linear({C}, {hs}), each head computes its own q, k and v; attention recomputed with them:"),
-        f"max |per-head - combined| = {report['per_head_max_diff']:.3g}",
-        (f"parameters: per-head {report['per_head_params']:,} = combined c_attn {report['combined_params']:,} "
-         "(the same numbers; one matrix multiply instead of many small ones)"),
-    ], out)
+    print_lines(
+        [
+            (
+                f"c_attn.weight is ({3 * C}, {C}): rows 0..{C - 1} make q, {C}..{2 * C - 1} k, {2 * C}..{3 * C - 1} v, "
+                f"and in each, head h owns the {hs} rows from h*{hs}. Cut into 3 x {nh} = {report['per_head_linears']} "
+                f"separate Linear({C}, {hs}), each head computes its own q, k and v; attention recomputed with them:"
+            ),
+            f"max |per-head - combined| = {report['per_head_max_diff']:.3g}",
+            (
+                f"parameters: per-head {report['per_head_params']:,} = combined c_attn {report['combined_params']:,} "
+                "(the same numbers; one matrix multiply instead of many small ones)"
+            ),
+        ],
+        out,
+    )
 
 
 def print_kv_cache(report: dict, out) -> None:
@@ -342,16 +447,21 @@ def print_kv_cache(report: dict, out) -> None:
     if "skipped" in kv:
         print(kv["skipped"], file=out)
         return
-    print_lines([
-        (f"prefill: model.set_kv_cache(1); model.last_logits(idx[:, :-1]) wrote the keys and values of the first "
-         f"{kv['prefill_tokens']} tokens into every layer's cache (buffers {shape_text(kv['cache_buffer_shape'])}: "
-         "block_size positions, filled by position). Then the last token alone:"),
-        f"  q of the new token       {shape_text(kv['q_shape']):<16} one query: only the newest position asks",
-        f"  k, v after cache.update  {shape_text(kv['k_shape']):<16} S = {T}: every position so far",
-        f"  scores q @ k^T           {shape_text(kv['scores_shape']):<16} no mask: the one query is the last",
-        f"  output                   {shape_text(kv['output_shape'])}",
-        f"max |cached step - full forward at the last position| = {kv['max_diff']:.3g}",
-    ], out)
+    print_lines(
+        [
+            (
+                f"prefill: model.set_kv_cache(1); model.last_logits(idx[:, :-1]) wrote the keys and values of the first "
+                f"{kv['prefill_tokens']} tokens into every layer's cache (buffers {shape_text(kv['cache_buffer_shape'])}: "
+                "block_size positions, filled by position). Then the last token alone:"
+            ),
+            f"  q of the new token       {shape_text(kv['q_shape']):<16} one query: only the newest position asks",
+            f"  k, v after cache.update  {shape_text(kv['k_shape']):<16} S = {T}: every position so far",
+            f"  scores q @ k^T           {shape_text(kv['scores_shape']):<16} no mask: the one query is the last",
+            f"  output                   {shape_text(kv['output_shape'])}",
+            f"max |cached step - full forward at the last position| = {kv['max_diff']:.3g}",
+        ],
+        out,
+    )
 
 
 def to_json(report: dict) -> str:
@@ -366,14 +476,16 @@ def to_json(report: dict) -> str:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="Walk through one attention layer of a trained model, step by step.")
     p.add_argument("--prompt", default="", help="text to run through the model (empty: <|endoftext|>)")
-    p.add_argument("--ckpt", type=Path, default=None,
-                   help="a run folder, .ckpt file or Hugging Face folder (default: outputs/latest)")
+    p.add_argument(
+        "--ckpt",
+        type=Path,
+        default=None,
+        help="a run folder, .ckpt file or Hugging Face folder (default: outputs/latest)",
+    )
     p.add_argument("--layer", type=int, default=0, help="the layer to explain, from 0 (default 0)")
     p.add_argument("--head", type=int, default=0, help="the head whose attention weights are shown, from 0 (default 0)")
     p.add_argument("--json", action="store_true", help="print the same as one JSON document")
     return p.parse_args(argv)
-
-
 
 
 def check_index(option: str, value: int, count: int, what: str) -> None:
@@ -408,15 +520,23 @@ def run(args: argparse.Namespace) -> int:
     tokenizer = Tokenizer.from_str(loaded.tokenizer_json)
     ids, count = prompt_ids(Session(model, tokenizer, loaded.eos_token_id), args.prompt)
     if count > len(ids):
-        print(f"[the prompt is {count} tokens, more than the model's context (block_size {c.block_size}); "
-              f"explaining its last {len(ids)}]", file=sys.stderr)
+        print(
+            f"[the prompt is {count} tokens, more than the model's context (block_size {c.block_size}); "
+            f"explaining its last {len(ids)}]",
+            file=sys.stderr,
+        )
     idx = torch.tensor([ids], dtype=torch.long, device=model.transformer.wte.weight.device)
     labels = [token_label(tokenizer, i) for i in ids]
     walked = walk_layer(model, idx, args.layer, args.head, labels)
     attn = model.transformer.h[args.layer].attn
     report = {
-        "config": c.to_dict(), "checkpoint": str(loaded.path), "layer": args.layer, "head": args.head,
-        "tokens": len(ids), "prompt_tokens": count, "steps": walked["steps"],
+        "config": c.to_dict(),
+        "checkpoint": str(loaded.path),
+        "layer": args.layer,
+        "head": args.head,
+        "tokens": len(ids),
+        "prompt_tokens": count,
+        "steps": walked["steps"],
         "layer_max_diff": walked["layer_max_diff"],
         **per_head_view(attn, walked["x_ln"], walked["out"]),
         "kv_cache": kv_cache_view(model, idx, args.layer, walked["out"]),

@@ -27,8 +27,14 @@ from model import GPT
 from model.hf import hf_config_dict, to_hf_state_dict
 
 TOLERANCE = 1e-4
-FILES = ("README.md", "config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
-         "tokenizer_config.json")
+FILES = (
+    "README.md",
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+)
 CARD_TAG = "tinygpt2"  # in the model card's tags: marks a README.md that an export wrote
 SAMPLE_TEXT = (
     "First, the model reads this text; then transformers reads it too, and both must agree.\n"
@@ -42,8 +48,15 @@ class ExportError(ValueError):
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description="Write a checkpoint as a Hugging Face GPT-2 folder and check it with transformers.")
-    p.add_argument("--ckpt", type=Path, default=NEWEST_RUN, help="a run folder, .ckpt file or Hugging Face folder (default: outputs/latest)")
+    p = argparse.ArgumentParser(
+        description="Write a checkpoint as a Hugging Face GPT-2 folder and check it with transformers."
+    )
+    p.add_argument(
+        "--ckpt",
+        type=Path,
+        default=NEWEST_RUN,
+        help="a run folder, .ckpt file or Hugging Face folder (default: outputs/latest)",
+    )
     p.add_argument("--out", type=Path, required=True, help="the folder to write; must be new or empty")
     p.add_argument("--force", action="store_true", help="replace --out even if it already holds a Hugging Face model")
     p.add_argument("--push-to-hub", metavar="REPO", default=None, help="then upload the folder to this Hub repository")
@@ -72,8 +85,10 @@ def push_to_hub(out: Path, repo: str) -> str:
         api.upload_folder(repo_id=repo, folder_path=out, commit_message="Upload a model exported by tinygpt2")
     except Exception as err:  # network and Hub errors come as many types; the folder is written either way
         reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        raise ExportError(f"{out} is written, but uploading it to {repo} failed ({reason}); "
-                          f"upload it later with `hf upload {repo} {out}`") from None
+        raise ExportError(
+            f"{out} is written, but uploading it to {repo} failed ({reason}); "
+            f"upload it later with `hf upload {repo} {out}`"
+        ) from None
     return str(url)
 
 
@@ -88,14 +103,25 @@ def check_destination(out: Path, ckpt: Path, force: bool) -> None:
         raise ExportError(f"--out {out} holds the checkpoint being exported; choose another folder")
     if out.is_dir() and any(out.iterdir()):
         if not force:
-            raise ExportError(f"--out {out} is not empty; choose a new folder, or pass --force to replace the model in it")
+            raise ExportError(
+                f"--out {out} is not empty; choose a new folder, or pass --force to replace the model in it"
+            )
         check_replaceable(out)
 
 
 # What a folder may hold for --force to replace it: this export's files (its README.md only if it is an
 # export's model card), or a GPT-2 that transformers saved.
-MODEL_FILES = {*(set(FILES) - {"README.md"}), "generation_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
-               "added_tokens.json", "pytorch_model.bin", "model.safetensors.index.json", "pytorch_model.bin.index.json"}
+MODEL_FILES = {
+    *(set(FILES) - {"README.md"}),
+    "generation_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "added_tokens.json",
+    "pytorch_model.bin",
+    "model.safetensors.index.json",
+    "pytorch_model.bin.index.json",
+}
 MODEL_SHARD = re.compile(r"(model|pytorch_model)-\d{5}-of-\d{5}\.(safetensors|bin)")
 
 
@@ -116,16 +142,20 @@ def check_replaceable(out: Path) -> None:
             continue
         if entry.is_dir() or not (entry.name in MODEL_FILES or MODEL_SHARD.fullmatch(entry.name)):
             shown = f"{entry.name}/" if entry.is_dir() else entry.name
-            raise ExportError(f"--out {out} holds {shown}, which is not a Hugging Face model's file; --force replaces "
-                              "only a folder of model files, and would lose it. Choose another folder")
+            raise ExportError(
+                f"--out {out} holds {shown}, which is not a Hugging Face model's file; --force replaces "
+                "only a folder of model files, and would lose it. Choose another folder"
+            )
     try:
         config = json.loads((out / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         config = None
     is_model = isinstance(config, dict) and "model_type" in config
     if not is_model:
-        raise ExportError(f"--out {out}: its config.json describes no model (no model_type); --force replaces only a "
-                          "Hugging Face model folder, and would lose it. Choose another folder")
+        raise ExportError(
+            f"--out {out}: its config.json describes no model (no model_type); --force replaces only a "
+            "Hugging Face model folder, and would lose it. Choose another folder"
+        )
 
 
 def write_folder(folder: Path, loaded: Loaded, tokenizer: Tokenizer) -> None:
@@ -142,14 +172,17 @@ def write_folder(folder: Path, loaded: Loaded, tokenizer: Tokenizer) -> None:
     hf_model.load_state_dict(to_hf_state_dict(state, model.config), strict=False)  # lm_head is tied to wte
     # generation stays inside the context: past n_positions GPT-2's position table has no row
     hf_model.generation_config = transformers.GenerationConfig(
-        bos_token_id=eot, eos_token_id=eot, pad_token_id=eot, max_length=model.config.block_size)
+        bos_token_id=eot, eos_token_id=eot, pad_token_id=eot, max_length=model.config.block_size
+    )
     hf_model.save_pretrained(folder)
     specials = {"bos_token": EOT, "eos_token": EOT, "unk_token": EOT, "pad_token": EOT} if eot is not None else {}
     hf_tokenizer = transformers.PreTrainedTokenizerFast(
-        tokenizer_object=Tokenizer.from_str(loaded.tokenizer_json), model_max_length=model.config.block_size,
+        tokenizer_object=Tokenizer.from_str(loaded.tokenizer_json),
+        model_max_length=model.config.block_size,
         padding_side="left",  # a batch of prompts ends together, where generation goes on
         clean_up_tokenization_spaces=False,  # decode gives back exactly the text that was encoded
-        **specials)
+        **specials,
+    )
     hf_tokenizer.save_pretrained(folder)
     for extra in set(p.name for p in folder.iterdir()) - set(FILES):  # e.g. special_tokens_map.json
         (folder / extra).unlink()
@@ -169,10 +202,12 @@ def model_card(loaded: Loaded, folder: Path) -> str:
     trained = "Trained with tinygpt2"
     if data:
         shakespeare = data.get("source") == "shakespeare" and not data.get("path")
-        trained += f" on {'Tiny Shakespeare' if shakespeare else data.get('path') or data.get('name') or data.get('source')}"
+        trained += (
+            f" on {'Tiny Shakespeare' if shakespeare else data.get('path') or data.get('name') or data.get('source')}"
+        )
     if settings.get("trainer", {}).get("max_steps"):
         trained += f" for {settings['trainer']['max_steps']} steps"
-    scores = (f" Final validation loss {loss:.4f} nats per token, {bpc:.4f} bits per character." if loss and bpc else "")
+    scores = f" Final validation loss {loss:.4f} nats per token, {bpc:.4f} bits per character." if loss and bpc else ""
     name = folder.name.removeprefix(".").split(".partial-")[0]
     return f"""---
 library_name: transformers
@@ -184,7 +219,7 @@ tags: [gpt2, {CARD_TAG}]
 
 A GPT-2 language model: {c.n_layer} layers, {c.n_head} heads, {c.n_embd} wide, {loaded.model.num_parameters():,}
 parameters, a context of {c.block_size} tokens and a vocabulary of {c.vocab_size} tokens
-({tokenizer.get('kind', 'its own')} tokenizer; `<|endoftext|>` ends a text and pads a batch).
+({tokenizer.get("kind", "its own")} tokenizer; `<|endoftext|>` ends a text and pads a batch).
 {trained}.{scores}
 
 ## Use
@@ -275,7 +310,9 @@ def export(ckpt: Path, out: Path, force: bool = False, hub_repo: str | None = No
         shutil.rmtree(staging, ignore_errors=True)  # left by a killed export with the same process id
         staging.mkdir()
     except OSError as err:
-        raise ExportError(f"--out {out}: cannot write in {out.parent} ({err.strerror}); choose a writable folder") from None
+        raise ExportError(
+            f"--out {out}: cannot write in {out.parent} ({err.strerror}); choose a writable folder"
+        ) from None
     try:
         write_folder(staging, loaded, tokenizer)
         difference, count = compare_logits(staging, loaded.model, tokenizer)
@@ -288,9 +325,15 @@ def export(ckpt: Path, out: Path, force: bool = False, hub_repo: str | None = No
         raise ExportError(f"writing {out} failed ({err}); nothing was written") from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    note = "" if loaded.model.config.bias else " (this model has no biases: they are written as zeros, which compute the same)"
+    note = (
+        ""
+        if loaded.model.config.bias
+        else " (this model has no biases: they are written as zeros, which compute the same)"
+    )
     print(f"wrote {out}: {', '.join(FILES)}{note}")
-    print(f"checked with transformers: largest logit difference {difference:.3g} over {count} tokens (limit {TOLERANCE:g})")
+    print(
+        f"checked with transformers: largest logit difference {difference:.3g} over {count} tokens (limit {TOLERANCE:g})"
+    )
     print(f"load it with GPT2LMHeadModel.from_pretrained({str(out)!r}) and AutoTokenizer.from_pretrained({str(out)!r})")
     if hub_repo is not None:
         print(f"uploaded to {push_to_hub(out, hub_repo)}")

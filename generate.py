@@ -29,17 +29,35 @@ class UsageError(ValueError):
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="Sample text from a tinygpt2 checkpoint or a Hugging Face GPT-2 folder.")
     p.add_argument("--prompt", default="", help="text to continue (empty: start from <|endoftext|>)")
-    p.add_argument("--ckpt", type=Path, default=None, help="a run folder, .ckpt file or Hugging Face folder (default: outputs/latest)")
-    p.add_argument("--max-new-tokens", type=int, default=500, help="tokens to generate per sample; may exceed the context (default 500)")
+    p.add_argument(
+        "--ckpt",
+        type=Path,
+        default=None,
+        help="a run folder, .ckpt file or Hugging Face folder (default: outputs/latest)",
+    )
+    p.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=500,
+        help="tokens to generate per sample; may exceed the context (default 500)",
+    )
     p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy; higher = more varied (default 0.8)")
     p.add_argument("--top-k", type=int, default=None, help="sample only among the k most likely tokens")
     p.add_argument("--top-p", type=float, default=None, help="sample only among the most likely tokens holding mass p")
     p.add_argument("--num-samples", type=int, default=1, help="samples, generated together as one batch (default 1)")
     p.add_argument("--seed", type=int, default=1337, help="same seed, same text (sample i uses seed + i)")
-    p.add_argument("--stop", action="append", default=[], metavar="STRING", help="stop a sample when it writes STRING (repeatable)")
-    p.add_argument("--interactive", action="store_true", help="read prompts from stdin, one per line, keeping the model loaded")
-    p.add_argument("--attention-png", type=Path, default=None, metavar="FILE", help="draw the last layer's attention of sample 1")
-    p.add_argument("--no-cache", action="store_true", help="recompute the whole window every step (slow; for comparison)")
+    p.add_argument(
+        "--stop", action="append", default=[], metavar="STRING", help="stop a sample when it writes STRING (repeatable)"
+    )
+    p.add_argument(
+        "--interactive", action="store_true", help="read prompts from stdin, one per line, keeping the model loaded"
+    )
+    p.add_argument(
+        "--attention-png", type=Path, default=None, metavar="FILE", help="draw the last layer's attention of sample 1"
+    )
+    p.add_argument(
+        "--no-cache", action="store_true", help="recompute the whole window every step (slow; for comparison)"
+    )
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, mps, or auto (default)")
     return p.parse_args(argv)
 
@@ -75,7 +93,9 @@ def check_output_file(path: Path) -> None:
         with tempfile.TemporaryFile(dir=path.parent):
             pass
     except OSError as err:
-        raise UsageError(f"--attention-png {path}: cannot write in {path.parent} ({err.strerror}); choose a writable folder") from None
+        raise UsageError(
+            f"--attention-png {path}: cannot write in {path.parent} ({err.strerror}); choose a writable folder"
+        ) from None
 
 
 def pick_device(name: str) -> torch.device:
@@ -94,7 +114,9 @@ def pick_device(name: str) -> torch.device:
     return device
 
 
-def generate_text(session: Session, prompt: str, args: argparse.Namespace, generators, fresh_seeds=True, out=None) -> Completion:
+def generate_text(
+    session: Session, prompt: str, args: argparse.Namespace, generators, fresh_seeds=True, out=None
+) -> Completion:
     """Sample args.num_samples continuations of prompt in one batch, row i drawing with
     generators[i]; a single sample streams to out (default stdout). `fresh_seeds`: the generators
     have drawn nothing yet, so a batch's headers can name the seed that repeats each sample."""
@@ -202,7 +224,10 @@ def read_prompts():
     if hasattr(sys.stdin, "reconfigure"):  # bytes that are not UTF-8 reach the prompt check, which names them
         sys.stdin.reconfigure(errors="surrogateescape")
     if tty:
-        print("type a prompt and press Enter; \\n makes a line break, Ctrl-C stops a sample, Ctrl-D quits", file=sys.stderr)
+        print(
+            "type a prompt and press Enter; \\n makes a line break, Ctrl-C stops a sample, Ctrl-D quits",
+            file=sys.stderr,
+        )
     while True:
         if tty:
             print("> ", end="", file=sys.stderr, flush=True)
@@ -212,8 +237,6 @@ def read_prompts():
         prompt = line.rstrip("\r\n").replace("\\n", "\n")
         if prompt:
             yield prompt
-
-
 
 
 if __name__ == "__main__":

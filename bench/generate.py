@@ -152,7 +152,9 @@ def main() -> None:
 def nano_case(repeats: int) -> None:
     print("\n1. nanoGPT CPU shape (4 layers, 4 heads, 128 wide, vocab 65, context 1024), 512 new tokens, greedy")
     r = versus(NANO, 512, repeats)
-    print(f"   ours {r['ours']:9.1f} tok/s | transformers {r['hf']:9.1f} tok/s | ratio {r['ratio']:.2f}x (target >= 4) | same tokens: {r['same']}")
+    print(
+        f"   ours {r['ours']:9.1f} tok/s | transformers {r['hf']:9.1f} tok/s | ratio {r['ratio']:.2f}x (target >= 4) | same tokens: {r['same']}"
+    )
 
 
 def gpu_cases(repeats: int) -> None:
@@ -163,8 +165,10 @@ def gpu_cases(repeats: int) -> None:
         print(f"\nGPU. GPT-2 small shape (124M), {name}, 256 new tokens, greedy, batch 1")
         r = versus(GPT2_SMALL, 256, repeats, device="cuda", dtype=dtype)
         rates[name] = r["ours"]
-        print(f"   ours {r['ours']:9.1f} tok/s (target >= 2000) | transformers {r['hf']:9.1f} tok/s | "
-              f"ratio {r['ratio']:.2f}x (target >= 10) | same tokens: {r['same']}")
+        print(
+            f"   ours {r['ours']:9.1f} tok/s (target >= 2000) | transformers {r['hf']:9.1f} tok/s | "
+            f"ratio {r['ratio']:.2f}x (target >= 10) | same tokens: {r['same']}"
+        )
     print(f"\n   bfloat16 / float32: {rates['bfloat16'] / rates['float32']:.2f} (target >= 1)")
 
 
@@ -184,9 +188,13 @@ def gpt2_versus(repeats: int) -> GPT:
     bandwidth = copy_bandwidth()
     per_token = bytes_per_token(r["model"], PROMPT_TOKENS + 256 / 2)
     bound = bandwidth / per_token
-    print(f"   ours {r['ours']:9.1f} tok/s | transformers {r['hf']:9.1f} tok/s | ratio {r['ratio']:.2f}x (target >= 1.3) | same tokens: {r['same']}")
-    print(f"   memory: {per_token / 1e6:.0f} MB read per token, copy bandwidth {bandwidth / 1e9:.1f} GB/s -> bound {bound:.1f} tok/s; "
-          f"ours reaches {r['ours'] / bound:.0%} of it")
+    print(
+        f"   ours {r['ours']:9.1f} tok/s | transformers {r['hf']:9.1f} tok/s | ratio {r['ratio']:.2f}x (target >= 1.3) | same tokens: {r['same']}"
+    )
+    print(
+        f"   memory: {per_token / 1e6:.0f} MB read per token, copy bandwidth {bandwidth / 1e9:.1f} GB/s -> bound {bound:.1f} tok/s; "
+        f"ours reaches {r['ours'] / bound:.0%} of it"
+    )
     return r["model"]
 
 
@@ -195,11 +203,15 @@ def gpt2_long(model: GPT, quick: bool) -> None:
     idx = prompt(GPT2_SMALL)
     times = step_times(model, idx, 1000)
     first, last = statistics.mean(times[1:101]), statistics.mean(times[-100:])  # times[0] is the prefill
-    print(f"   per token: first 100 {first * 1e3:.1f} ms, last 100 {last * 1e3:.1f} ms, ratio {last / first:.2f} (target <= 1.5)")
+    print(
+        f"   per token: first 100 {first * 1e3:.1f} ms, last 100 {last * 1e3:.1f} ms, ratio {last / first:.2f} (target <= 1.5)"
+    )
     n = 300 if quick else 1000
     _, cached = ours_generate(model, idx, n, use_cache=True)
     _, uncached = ours_generate(model, idx, n, use_cache=False)
-    print(f"   {n} tokens: cached {cached:.1f}s, uncached {uncached:.1f}s, ratio {uncached / cached:.1f}x (target >= 10)")
+    print(
+        f"   {n} tokens: cached {cached:.1f}s, uncached {uncached:.1f}s, ratio {uncached / cached:.1f}x (target >= 10)"
+    )
 
 
 if __name__ == "__main__":

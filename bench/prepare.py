@@ -44,7 +44,7 @@ def build_corpus(source: Path, folder: Path, megabytes: int) -> int:
     written, edition = 0, 0
     while written < megabytes * 1_000_000:
         rng = random.Random(edition)
-        renamed = dict(zip(speakers, rng.sample(speakers, len(speakers))))
+        renamed = dict(zip(speakers, rng.sample(speakers, len(speakers)), strict=True))
         order = rng.sample(speeches, len(speeches))
         body = "\n\n".join(renamed[s.split(":\n", 1)[0]] + ":\n" + s.split(":\n", 1)[1] for s in order)
         path = folder / f"edition-{edition:04d}.txt"

@@ -43,14 +43,20 @@ SHAKESPEARE = Path(os.environ.get("TINYSHAKESPEARE", ROOT.parent / "shared" / "d
 SHAPES = {
     # nanoGPT's CPU recipe: 4 layers, 4 heads, 128 wide, context 64, batch 12, characters
     "nanogpt-cpu": dict(
-        model=dict(n_layer=4, n_head=4, n_embd=128, block_size=64), batch_size=12, tokenizer="char",
-        steps=300, warmup=30,
+        model=dict(n_layer=4, n_head=4, n_embd=128, block_size=64),
+        batch_size=12,
+        tokenizer="char",
+        steps=300,
+        warmup=30,
     ),
     # nanoGPT's "baby GPT" shape (6/6/384, context 256), a CPU-sized batch: about a second a step
     # here, so few steps, and few to reach the steady state
     "baby": dict(
-        model=dict(n_layer=6, n_head=6, n_embd=384, block_size=256), batch_size=8, tokenizer="char",
-        steps=60, warmup=10,
+        model=dict(n_layer=6, n_head=6, n_embd=384, block_size=256),
+        batch_size=8,
+        tokenizer="char",
+        steps=60,
+        warmup=10,
     ),
 }
 
@@ -60,11 +66,21 @@ def overrides(shape: dict, steps: int, compile_model: bool) -> list[str]:
     and one checkpoint at the end, the CSV logger, the progress bar on as a user has it."""
     m = shape["model"]
     return [
-        f"model.n_layer={m['n_layer']}", f"model.n_head={m['n_head']}", f"model.n_embd={m['n_embd']}",
-        f"model.block_size={m['block_size']}", "model.dropout=0.0", f"tokenizer={shape['tokenizer']}",
-        f"data.path={SHAKESPEARE}", f"data.batch_size={shape['batch_size']}",
-        f"trainer.max_steps={steps}", f"trainer.val_check_interval={steps}", "trainer.limit_val_batches=1",
-        f"checkpoint.every_n_steps={steps}", "logger=csv", "samples.enabled=false", "latest_link=null",
+        f"model.n_layer={m['n_layer']}",
+        f"model.n_head={m['n_head']}",
+        f"model.n_embd={m['n_embd']}",
+        f"model.block_size={m['block_size']}",
+        "model.dropout=0.0",
+        f"tokenizer={shape['tokenizer']}",
+        f"data.path={SHAKESPEARE}",
+        f"data.batch_size={shape['batch_size']}",
+        f"trainer.max_steps={steps}",
+        f"trainer.val_check_interval={steps}",
+        "trainer.limit_val_batches=1",
+        f"checkpoint.every_n_steps={steps}",
+        "logger=csv",
+        "samples.enabled=false",
+        "latest_link=null",
         f"compile={str(compile_model).lower()}",
     ]
 
@@ -131,7 +147,9 @@ def measure(shape: dict, steps: int, compile_model: bool) -> tuple[float, float,
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="two thirds of the steps, one run per shape, no compiled runs")
+    parser.add_argument(
+        "--quick", action="store_true", help="two thirds of the steps, one run per shape, no compiled runs"
+    )
     parser.add_argument("--steps", type=int, default=None, help="steps per run for every shape")
     parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     parser.add_argument("--repeats", type=int, default=None, help="eager runs per shape (default 2, 1 with --quick)")
@@ -139,7 +157,9 @@ def main() -> None:
     repeats = args.repeats or (1 if args.quick else 2)
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)  # "GPU available: False", ...
     peak = cpu_peak_flops()  # measured again, and the best so far on this machine kept, as train.py's train/mfu
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; fp32 matmul peak, best measured here: {peak / 1e9:.0f} GFLOP/s")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads; fp32 matmul peak, best measured here: {peak / 1e9:.0f} GFLOP/s"
+    )
     print("train.py's steps and the bare loop's alternate one by one in each run; tokens/s over the steps after")
     print("the warm-up. compiled: train.py with compile=true, its bare loop eager as always; vs eager compares")
     print("train.py compiled against train.py eager through the ratios to their bare loops\n")
@@ -148,19 +168,27 @@ def main() -> None:
         shape = SHAPES[name]
         steps = args.steps or (shape["steps"] * 2 // 3 if args.quick else shape["steps"])
         if steps < shape["warmup"] + 10:
-            raise SystemExit(f"--steps {steps} leaves fewer than 10 steps after the {shape['warmup']} warm-up steps of {name}; "
-                             f"use --steps {shape['warmup'] + 10} or more")
+            raise SystemExit(
+                f"--steps {steps} leaves fewer than 10 steps after the {shape['warmup']} warm-up steps of {name}; "
+                f"use --steps {shape['warmup'] + 10} or more"
+            )
         ratios = []
         for run in range(1, repeats + 1):
             ours, bare, config = measure(shape, steps, compile_model=False)
             ratios.append(ours / bare)
             mfu = ours * flops_per_token(config) / peak
-            print(f"{name:<12} {steps:>5} {run:>3} {bare:>10.0f} {ours:>10.0f} {ours / bare:>6.3f} {mfu:>6.1%}", flush=True)
+            print(
+                f"{name:<12} {steps:>5} {run:>3} {bare:>10.0f} {ours:>10.0f} {ours / bare:>6.3f} {mfu:>6.1%}",
+                flush=True,
+            )
         if not args.quick:
             ours, bare, _ = measure(shape, steps, compile_model=True)
             eager = statistics.median(ratios)
-            print(f"{name:<12} {steps:>5} {'compiled':>14} {ours:>10.0f} {ours / bare:>6.3f}   "
-                  f"vs eager {ours / bare / eager:.2f}x", flush=True)
+            print(
+                f"{name:<12} {steps:>5} {'compiled':>14} {ours:>10.0f} {ours / bare:>6.3f}   "
+                f"vs eager {ours / bare / eager:.2f}x",
+                flush=True,
+            )
     print("\ntarget: train.py / bare loop >= 0.97 (what Lightning and the data module add costs at most 3%)")
 
 

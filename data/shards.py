@@ -79,7 +79,7 @@ class ShardEncoder:
             for batch in self.batches(self.documents(items)):
                 encodings = self.tokenizer.encode_batch_fast([text for _, text, _ in batch], add_special_tokens=False)
                 chunks: dict[str, list[np.ndarray]] = {split: [] for split in SPLITS}
-                for (split, text, separator), encoding in zip(batch, encodings):
+                for (split, text, separator), encoding in zip(batch, encodings, strict=True):
                     if separator:
                         chunks[split].append(self.separator)
                     chunks[split].append(np.array(encoding.ids, dtype=self.dtype))

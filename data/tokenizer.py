@@ -86,7 +86,9 @@ def reported(texts: Iterable[str], vocab_size: int) -> Iterator[str]:
             last_report = time.monotonic()
     log.info(
         "tokenizer: learning %d byte-level BPE tokens from %s characters (read in %.1f s)",
-        vocab_size, f"{chars:,}", time.monotonic() - started,
+        vocab_size,
+        f"{chars:,}",
+        time.monotonic() - started,
     )
 
 

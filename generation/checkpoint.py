@@ -35,7 +35,12 @@ STATE_PREFIX = "model."  # the LightningModule keeps the GPT as `self.model`
 CHECKPOINTS_DIR, BEST_NAME, LAST_NAME = "checkpoints", "best.ckpt", "last.ckpt"
 CHECKPOINT_NAMES = (BEST_NAME, LAST_NAME)
 NEWEST_RUN = Path("outputs/latest")  # where train.py links the run it made last (its latest_link setting)
-HF_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+HF_WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
 
 
 class CheckpointError(ValueError):
@@ -47,8 +52,10 @@ class DamagedCheckpoint(CheckpointError):
 
     def __init__(self, path: Path, detail: str = ""):
         self.path, self.detail = path, detail
-        super().__init__(f"cannot read checkpoint {path}{f' ({detail})' if detail else ''}: it is truncated or corrupted; "
-                         "use an earlier or a fresh copy")
+        super().__init__(
+            f"cannot read checkpoint {path}{f' ({detail})' if detail else ''}: it is truncated or corrupted; "
+            "use an earlier or a fresh copy"
+        )
 
 
 @dataclass
@@ -120,7 +127,9 @@ def safe_torch_load(path: Path, map_location="cpu", mmap: bool = False) -> Any:
             "nothing in it was run. Load only checkpoints you trust, and save weights as plain tensors"
         ) from None
     except Exception as err:  # damaged bytes surface as any of a dozen errors inside the unpickler
-        raise DamagedCheckpoint(path, first_line(err).split(". ")[0] if isinstance(err, (RuntimeError, OSError)) else "") from None
+        raise DamagedCheckpoint(
+            path, first_line(err).split(". ")[0] if isinstance(err, (RuntimeError, OSError)) else ""
+        ) from None
 
 
 def read_checkpoint(path: str | Path, map_location="cpu") -> dict[str, Any]:
@@ -170,8 +179,13 @@ def read_header(path: str | Path) -> dict[str, Any]:
     if not isinstance(ckpt, dict) or "global_step" not in ckpt:
         raise CheckpointError(f"{path} is not a tinygpt2 training checkpoint (it holds no training state)")
     meta = ckpt.get(META_KEY) if isinstance(ckpt.get(META_KEY), dict) else {}
-    return {"step": int(ckpt["global_step"]), "settings": meta.get("config") or {}, "tokenizer": meta.get("tokenizer"),
-            "model_config": meta.get("model_config"), "hyperparameters": "hyper_parameters" in ckpt}
+    return {
+        "step": int(ckpt["global_step"]),
+        "settings": meta.get("config") or {},
+        "tokenizer": meta.get("tokenizer"),
+        "model_config": meta.get("model_config"),
+        "hyperparameters": "hyper_parameters" in ckpt,
+    }
 
 
 def checkpoint_step(path: str | Path) -> int:

@@ -37,7 +37,7 @@ def draw(probs: torch.Tensor, generator: Generators = None) -> torch.Tensor:
         return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
     if len(generator) != probs.size(0):
         raise ValueError(f"got {len(generator)} generators for a batch of {probs.size(0)} rows")
-    rows = [torch.multinomial(row, 1, generator=g) for row, g in zip(probs, generator)]
+    rows = [torch.multinomial(row, 1, generator=g) for row, g in zip(probs, generator, strict=True)]
     return torch.cat(rows)
 
 

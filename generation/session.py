@@ -37,7 +37,9 @@ def encode_prompt(tokenizer: Tokenizer, prompt: str, start_token: int | None) ->
         if encoding.ids:
             return encoding.ids
     if start_token is None:
-        raise PromptError("the prompt is empty and this tokenizer has no <|endoftext|> token to start from; give a non-empty prompt")
+        raise PromptError(
+            "the prompt is empty and this tokenizer has no <|endoftext|> token to start from; give a non-empty prompt"
+        )
     return [start_token]
 
 
@@ -49,8 +51,7 @@ def check_text(prompt: str) -> None:
         bad = prompt[err.start : err.end]
         raw = " ".join(f"0x{ord(c) - 0xDC00:02x}" if 0xDC80 <= ord(c) <= 0xDCFF else repr(c) for c in bad)
         raise PromptError(
-            f"the prompt is not valid UTF-8: byte(s) {raw} at character {err.start + 1}; "
-            "save or type it as UTF-8 text"
+            f"the prompt is not valid UTF-8: byte(s) {raw} at character {err.start + 1}; save or type it as UTF-8 text"
         ) from None
 
 
@@ -119,9 +120,17 @@ class Session:
         finished = [False] * num_samples
         done = Completion([""] * num_samples, prompt_ids)
         started = time.perf_counter()
-        steps = stream(self.model, idx, sampling.max_new_tokens, sampling.temperature, sampling.top_k, sampling.top_p,
-                       use_cache=sampling.use_cache, generator=generators,
-                       stop_tokens=None if self.eot is None else [self.eot])
+        steps = stream(
+            self.model,
+            idx,
+            sampling.max_new_tokens,
+            sampling.temperature,
+            sampling.top_k,
+            sampling.top_p,
+            use_cache=sampling.use_cache,
+            generator=generators,
+            stop_tokens=None if self.eot is None else [self.eot],
+        )
         for step_tokens in steps:
             done.cache_length = self.model.cache_length()
             for row, token in enumerate(step_tokens.tolist()):

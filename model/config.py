@@ -46,12 +46,18 @@ class GPTConfig:
                 f"model.n_embd ({self.n_embd}) must be divisible by model.n_head ({self.n_head}); "
                 f"pick n_embd as a multiple of n_head, e.g. n_embd={self.n_head * max(1, round(self.n_embd / self.n_head))}"
             )
-        if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) or not 0.0 <= self.dropout < 1.0:
+        if (
+            isinstance(self.dropout, bool)
+            or not isinstance(self.dropout, (int, float))
+            or not 0.0 <= self.dropout < 1.0
+        ):
             raise ConfigError(f"model.dropout must be a number in [0, 1), got {shown(self.dropout)}")
         if not isinstance(self.bias, bool):
             raise ConfigError(f"model.bias must be true or false, got {shown(self.bias)}")
         if self.attention not in ATTENTION_KERNELS:
-            raise ConfigError(f"model.attention must be one of {', '.join(ATTENTION_KERNELS)}, got {shown(self.attention)}")
+            raise ConfigError(
+                f"model.attention must be one of {', '.join(ATTENTION_KERNELS)}, got {shown(self.attention)}"
+            )
 
     @property
     def head_size(self) -> int:

@@ -191,8 +191,10 @@ class GPT(nn.Module):
         """An empty cache of block_size positions for every layer (not attached)."""
         weight = self.transformer.wte.weight
         c = self.config
-        return [KVCache(batch_size, c.n_head, c.block_size, c.head_size, device or weight.device, dtype or weight.dtype)
-                for _ in range(c.n_layer)]
+        return [
+            KVCache(batch_size, c.n_head, c.block_size, c.head_size, device or weight.device, dtype or weight.dtype)
+            for _ in range(c.n_layer)
+        ]
 
     def set_kv_cache(self, batch_size: int, device=None, dtype=None, caches: list[KVCache] | None = None) -> None:
         """Give every attention layer a cache: `caches` (one per layer), else new empty ones."""
@@ -211,17 +213,33 @@ class GPT(nn.Module):
 
     # ---- kept for the documented API: decoding and loading live in the generation package ----------
 
-    def stream(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
-               top_p: float | None = None, use_cache: bool = True, generator: Generators = None,
-               stop_tokens: Iterable[int] | None = None) -> Iterator[torch.Tensor]:
+    def stream(
+        self,
+        idx: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        use_cache: bool = True,
+        generator: Generators = None,
+        stop_tokens: Iterable[int] | None = None,
+    ) -> Iterator[torch.Tensor]:
         """Yield the next token of every row, (B,), at most max_new_tokens times: `generation.decode.stream`."""
         from generation.decode import stream
 
         return stream(self, idx, max_new_tokens, temperature, top_k, top_p, use_cache, generator, stop_tokens)
 
-    def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
-                 top_p: float | None = None, use_cache: bool = True, generator: Generators = None,
-                 stop_tokens: Iterable[int] | None = None) -> torch.Tensor:
+    def generate(
+        self,
+        idx: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        use_cache: bool = True,
+        generator: Generators = None,
+        stop_tokens: Iterable[int] | None = None,
+    ) -> torch.Tensor:
         """idx (B, T) with the sampled tokens appended: `generation.decode.generate`."""
         from generation.decode import generate
 

@@ -46,10 +46,14 @@ def to_hf_state_dict(state: dict[str, torch.Tensor], config: GPTConfig) -> dict[
     without biases gets zero biases, which compute exactly what no bias computes, because GPT-2's
     format has a bias in every linear layer and LayerNorm.
     """
-    hf = {k: (v.t().contiguous() if is_conv1d(k) else v.contiguous()) for k, v in state.items() if k != "lm_head.weight"}
+    hf = {
+        k: (v.t().contiguous() if is_conv1d(k) else v.contiguous()) for k, v in state.items() if k != "lm_head.weight"
+    }
     if not config.bias:
         for key, value in state.items():
-            if key.endswith((".ln_1.weight", ".ln_2.weight", "ln_f.weight", ".c_attn.weight", ".c_proj.weight", ".c_fc.weight")):
+            if key.endswith(
+                (".ln_1.weight", ".ln_2.weight", "ln_f.weight", ".c_attn.weight", ".c_proj.weight", ".c_fc.weight")
+            ):
                 bias_key = key[: -len("weight")] + "bias"
                 hf.setdefault(bias_key, torch.zeros(value.size(0), dtype=value.dtype))
     return hf

@@ -34,6 +34,7 @@ def find_tiny_shakespeare() -> Path | None:
     found = find_shakespeare(str(USER_CACHE), copies, NO_DOWNLOAD)
     return Path(found) if found else None
 
+
 # Overrides that make any composed config a tiny, quick CPU run.
 TINY = [
     "model.n_layer=2",
@@ -100,8 +101,9 @@ def run_script(*args: str, cwd: Path | None = None, timeout: int = 600, env: dic
 
     cwd = Path(cwd or Path.cwd())
     script = args[0] if cwd.resolve() == ROOT else str(ROOT / args[0])
-    return subprocess.run([sys.executable, script, *args[1:]], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout, env=env)
+    return subprocess.run(
+        [sys.executable, script, *args[1:]], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env
+    )
 
 
 def one_error_line(err: str) -> str:

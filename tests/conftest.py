@@ -18,8 +18,8 @@ os.environ["HF_HOME"] = str(_LIBRARY_CACHES / "huggingface")
 os.environ["HF_DATASETS_CACHE"] = str(_LIBRARY_CACHES / "huggingface" / "datasets")
 os.environ["MPLCONFIGDIR"] = str(_LIBRARY_CACHES / "matplotlib")
 
-from .common import NEEDS_SHAKESPEARE, PUT_SHAKESPEARE, ROOT, USER_CACHE, find_tiny_shakespeare
-from .tiny import tiny_gpt, tiny_run, tiny_text, tiny_tokenizer, transformers_folder  # noqa: F401  (shared fixtures)
+from .common import NEEDS_SHAKESPEARE, PUT_SHAKESPEARE, ROOT, USER_CACHE, find_tiny_shakespeare  # noqa: E402  (after the environment above)
+from .tiny import tiny_gpt, tiny_run, tiny_text, tiny_tokenizer, transformers_folder  # noqa: E402, F401  (shared fixtures)
 
 SHAKESPEARE_CHARS = 1_115_394
 # Where the scripts write given relative paths (runs_root, latest_link, Hydra's sweep folder, and

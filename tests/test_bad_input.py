@@ -38,13 +38,16 @@ README_ROWS = {
     "a value of the wrong kind (`optim.lr=fast`)": (["optim.lr=fast"], "optim.lr must be a number, got 'fast'"),
     "a number that is not finite (`optim.lr=nan`)": (["optim.lr=nan"], "optim.lr must be a finite number, got nan"),
     "a list of the wrong length or kind (`optim.betas=[0.9]`)": (
-        ["optim.betas=[0.9]"], "optim.betas must be a list of 2 values, e.g. optim.betas=[...], got [0.9]",
+        ["optim.betas=[0.9]"],
+        "optim.betas must be a list of 2 values, e.g. optim.betas=[...], got [0.9]",
     ),
     "a value that is not one of the choices (`optim.schedule=cosin`)": (
-        ["optim.schedule=cosin"], "optim.schedule must be one of cosine, linear, constant, got 'cosin'",
+        ["optim.schedule=cosin"],
+        "optim.schedule must be one of cosine, linear, constant, got 'cosin'",
     ),
     "a Lightning Trainer argument of the wrong kind (`trainer.deterministic=yes`)": (
-        ["trainer.deterministic=yes"], "trainer.deterministic must be true, false, 'warn' or null, got 'yes'",
+        ["trainer.deterministic=yes"],
+        "trainer.deterministic must be true, false, 'warn' or null, got 'yes'",
     ),
     "`model.n_embd` not divisible by `model.n_head`": (
         ["model.n_embd=100", "model.n_head=3"],
@@ -52,7 +55,8 @@ README_ROWS = {
     ),
     "`model.block_size=0`": (["model.block_size=0"], "model.block_size must be a whole number of at least 1, got 0"),
     "`trainer.max_steps=0` (or below)": (
-        ["trainer.max_steps=0"], "trainer.max_steps must be at least 1 (or -1 with trainer.max_time), got 0",
+        ["trainer.max_steps=0"],
+        "trainer.max_steps must be at least 1 (or -1 with trainer.max_time), got 0",
     ),
     "`optim.lr=0` (or below)": (["optim.lr=0"], "optim.lr must be above 0, got 0"),
     "a warmup as long as the run (`trainer.max_steps=20`)": (
@@ -65,12 +69,17 @@ README_ROWS = {
         "tokens_per_step=1000 is not a multiple of data.batch_size x model.block_size x devices = 32 x 32 x 1 = 1024; "
         "use e.g. 1024",
     ),
-    "a missing run to resume": (["resume=outputs/nope"], "resume=outputs/nope does not exist; give a run folder, a checkpoint in one, or resume=auto"),
+    "a missing run to resume": (
+        ["resume=outputs/nope"],
+        "resume=outputs/nope does not exist; give a run folder, a checkpoint in one, or resume=auto",
+    ),
     "a missing checkpoint to start from (`init_from=`)": (
-        ["init_from=runs/x"], "init_from=runs/x does not exist; pass a .ckpt file, a run folder or a Hugging Face folder",
+        ["init_from=runs/x"],
+        "init_from=runs/x does not exist; pass a .ckpt file, a run folder or a Hugging Face folder",
     ),
     "`trainer.accelerator=gpu` without a GPU": (
-        ["trainer.accelerator=gpu"], "trainer.accelerator=gpu: this machine has no CUDA GPU; use trainer.accelerator=cpu or auto",
+        ["trainer.accelerator=gpu"],
+        "trainer.accelerator=gpu: this machine has no CUDA GPU; use trainer.accelerator=cpu or auto",
     ),
 }
 
@@ -108,23 +117,35 @@ BAD_SETTINGS = [
     (["trainer.max_steps=ten"], "trainer.max_steps must be a whole number, got 'ten'"),
     (["trainer.max_steps=-1"], "trainer.max_steps=-1 needs a time limit"),
     (["trainer.max_time=75"], "trainer.max_time must be dd:hh:mm:ss (e.g. 00:00:01:15 for 75 seconds), got 75"),
-    (["trainer.val_check_interval=0"], "trainer.val_check_interval must be a whole number of steps (at least 1) or a time (dd:hh:mm:ss), got 0"),
+    (
+        ["trainer.val_check_interval=0"],
+        "trainer.val_check_interval must be a whole number of steps (at least 1) or a time (dd:hh:mm:ss), got 0",
+    ),
     (["trainer.val_check_interval=0.5"], "trainer.val_check_interval must be a whole number of steps"),
     (["trainer.val_check_interval=soon"], "trainer.val_check_interval must be dd:hh:mm:ss"),
     (["trainer.limit_val_batches=0"], "trainer.limit_val_batches=0 turns validation off"),
-    (["trainer.limit_val_batches=1.5"], "trainer.limit_val_batches must be a whole number of batches (at least 1), a fraction in (0, 1], or null, got 1.5"),
+    (
+        ["trainer.limit_val_batches=1.5"],
+        "trainer.limit_val_batches must be a whole number of batches (at least 1), a fraction in (0, 1], or null, got 1.5",
+    ),
     (["trainer.log_every_n_steps=0"], "trainer.log_every_n_steps must be at least 1, got 0"),
     (["trainer.gradient_clip_val=-1"], "trainer.gradient_clip_val must be at least 0, got -1"),
     (["trainer.devices=0"], "trainer.devices must be a number of devices"),
     (["trainer.devices=1.5"], "trainer.devices must be a number of devices"),
     (["trainer.precision=bf17"], "trainer settings: Precision 'bf17' is invalid. Allowed precision values: ("),
-    (["trainer.precision=[32]"], "trainer.precision must be a Lightning precision such as 32-true, bf16-mixed or 16-mixed, got [32]"),
+    (
+        ["trainer.precision=[32]"],
+        "trainer.precision must be a Lightning precision such as 32-true, bf16-mixed or 16-mixed, got [32]",
+    ),
     (["trainer.strategy=dpp"], "trainer settings: You selected an invalid strategy name"),
     (["trainer.profiler=fancy"], "trainer settings: When passing string value for the `profiler` parameter"),
     (["trainer.min_steps=few"], "trainer.min_steps must be a whole number or null, got 'few'"),
     (["trainer.logger=true"], "trainer.logger cannot be set: choose trackers with logger=wandb|tensorboard|csv|none"),
     (["trainer.limit_train_batches=10"], "trainer.limit_train_batches cannot be set: it would end training before"),
-    (["tokens_per_step=2048", "trainer.accumulate_grad_batches=2"], "set either tokens_per_step or trainer.accumulate_grad_batches, not both"),
+    (
+        ["tokens_per_step=2048", "trainer.accumulate_grad_batches=2"],
+        "set either tokens_per_step or trainer.accumulate_grad_batches, not both",
+    ),
     (["tokens_per_step=0"], "tokens_per_step must be at least 1, got 0"),
     (["checkpoint.keep=0"], "checkpoint.keep must be at least 1, got 0"),
     (["checkpoint.every_n_steps=2.5"], "checkpoint.every_n_steps must be a whole number, got 2.5"),
@@ -148,18 +169,27 @@ BAD_SETTINGS = [
     (["data.num_proc=0"], "data.num_proc must be at least 1, got 0"),
     (["data.local_copies=x.txt"], "data.local_copies must be a list of values"),
     (["data=text"], "data=text needs data.path"),
-    (["data=text", "data.path=x.txt", "data.format=docx"], "data.format must be one of auto, txt, json, csv, parquet, got 'docx'"),
+    (
+        ["data=text", "data.path=x.txt", "data.format=docx"],
+        "data.format must be one of auto, txt, json, csv, parquet, got 'docx'",
+    ),
     (["data=hub"], "data=hub needs data.name"),
     (["tokenizer=pretrained"], "tokenizer=pretrained needs tokenizer.path"),
     (["tokenizer.vocab_size=-5"], "tokenizer.vocab_size must be at least 1, got -5"),
-    (["logger.wandb.mode=sometimes"], "logger.wandb.mode must be one of auto, online, offline, disabled, got 'sometimes'"),
+    (
+        ["logger.wandb.mode=sometimes"],
+        "logger.wandb.mode must be one of auto, online, offline, disabled, got 'sometimes'",
+    ),
     (["logger.wandb.tags=5"], "logger.wandb.tags must be a list of values"),
     (["+optim.foo=1"], "unknown setting 'optim.foo'"),
     (["optim.lrr=1"], "unknown setting 'optim.lrr' (did you mean optim.lr?)"),
     (["hparams_search=optuna"], "hparams_search is a search over many runs: add -m"),
     (["-m", "optim.lr=1e-3,0"], "optim.lr must be above 0, got 0"),  # every value of a sweep is checked first
     (["-m", "resume=auto"], "resume= continues one run: run it without -m"),
-    (["-m", "hparams_search=optuna", "model.n_head=3"], "model.n_embd (64) must be divisible by model.n_head (3)"),  # the search's choices too
+    (
+        ["-m", "hparams_search=optuna", "model.n_head=3"],
+        "model.n_embd (64) must be divisible by model.n_head (3)",
+    ),  # the search's choices too
     (["--config-dir", "elsewhere"], "train.py composes configs/train.yaml: put your own config files in configs/"),
     (["hydra.job.chdirr=true"], "unknown setting 'hydra.job.chdirr'"),
 ]
@@ -171,20 +201,39 @@ def test_bad_settings_of_every_kind_are_refused_in_one_line(args, message):
 
 
 def test_good_settings_of_the_same_kinds_are_accepted():
-    for args in (["optim.betas=[0.8,0.9]", "optim.schedule=linear", "seed=1e3", "trainer.max_steps=2e3"],
-                 ["trainer.deterministic=true", "trainer.profiler=simple", "trainer.max_time=00:00:00:30", "trainer.max_steps=-1"],
-                 ["trainer.precision=32", "trainer.gradient_clip_algorithm=value", "trainer.benchmark=false"],
-                 ["trainer.val_check_interval=00:00:01:00", "trainer.limit_val_batches=0.5", "samples.prompts=[ROMEO:,'']",
-                  "logger=[csv,tensorboard]"],
-                 ["-m", "optim.lr=1e-3,2e-3", "model.n_layer=range(1,3)"]):
+    for args in (
+        ["optim.betas=[0.8,0.9]", "optim.schedule=linear", "seed=1e3", "trainer.max_steps=2e3"],
+        [
+            "trainer.deterministic=true",
+            "trainer.profiler=simple",
+            "trainer.max_time=00:00:00:30",
+            "trainer.max_steps=-1",
+        ],
+        ["trainer.precision=32", "trainer.gradient_clip_algorithm=value", "trainer.benchmark=false"],
+        [
+            "trainer.val_check_interval=00:00:01:00",
+            "trainer.limit_val_batches=0.5",
+            "samples.prompts=[ROMEO:,'']",
+            "logger=[csv,tensorboard]",
+        ],
+        ["-m", "optim.lr=1e-3,2e-3", "model.n_layer=range(1,3)"],
+    ):
         assert train.check_command_line(args) is None, args
 
 
 def test_block_size_above_what_the_checkpoint_has(tiny_run, small_text, tmp_path):
-    proc = run_script("train.py", *[a for a in TINY if not a.startswith("model.")], f"data.path={small_text}",
-                      f"init_from={tiny_run}", "model.block_size=4096", cwd=tmp_path)
+    proc = run_script(
+        "train.py",
+        *[a for a in TINY if not a.startswith("model.")],
+        f"data.path={small_text}",
+        f"init_from={tiny_run}",
+        "model.block_size=4096",
+        cwd=tmp_path,
+    )
     assert proc.returncode != 0
-    assert one_error_line(proc.stderr).startswith("error: model.block_size=4096 is more than the 32 positions init_from=")
+    assert one_error_line(proc.stderr).startswith(
+        "error: model.block_size=4096 is more than the 32 positions init_from="
+    )
     assert not (tmp_path / "outputs").exists()  # the run folder made for it went again
 
 
@@ -208,8 +257,16 @@ def test_run_folder_of_the_users_own_files(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("args", [["optim.lr=nan"], ["trainer.deterministic=yes"], ["tokens_per_step=1000"],
-                                  ["trainer.max_step=10"], ["data=text", "data.path=no_such_file.txt"]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["optim.lr=nan"],
+        ["trainer.deterministic=yes"],
+        ["tokens_per_step=1000"],
+        ["trainer.max_step=10"],
+        ["data=text", "data.path=no_such_file.txt"],
+    ],
+)
 def test_train_py_refuses_in_one_line_and_makes_nothing(args, small_text, tmp_path):
     cache = tmp_path / "cache"
     env = {**os.environ, "TINYGPT2_CACHE": str(cache)}
@@ -292,8 +349,15 @@ def test_a_sample_prompt_the_tokenizer_cannot_take_is_refused_before_training(sm
     during training use the same encoding, so train.py refuses such a samples.prompts at once."""
     env = {**os.environ, "TINYGPT2_CACHE": str(tmp_path / "cache")}
     tiny = [a for a in TINY if not a.startswith("tokenizer.")]
-    proc = run_script("train.py", *tiny, f"data.path={small_text}", "tokenizer=char", "samples.prompts=['ROMEO:','café']",
-                      cwd=tmp_path, env=env)
+    proc = run_script(
+        "train.py",
+        *tiny,
+        f"data.path={small_text}",
+        "tokenizer=char",
+        "samples.prompts=['ROMEO:','café']",
+        cwd=tmp_path,
+        env=env,
+    )
     assert proc.returncode == 1
     assert one_error_line(proc.stderr) == (
         "error: samples.prompts: 'café' cannot be a sample prompt: the prompt has characters this model's tokenizer "

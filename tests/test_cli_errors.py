@@ -25,7 +25,9 @@ def no_start_token_run(tmp_path_factory, tiny_text) -> Path:
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=280, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=280, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+    )
     tokenizer.train_from_iterator([tiny_text], trainer)
     gpt = train_tiny_gpt(tokenizer, tiny_text, steps=1)
     return write_checkpoint(tmp_path_factory.mktemp("no_eot") / "model.ckpt", gpt, tokenizer)
@@ -110,7 +112,9 @@ def test_generate_py_missing_checkpoint(tmp_path, capsys, monkeypatch):
 def test_generate_py_as_a_program_prints_no_traceback(tiny_run, tmp_path):
     damaged = damaged_copy(tiny_run / "checkpoints" / "last.ckpt", tmp_path, "truncated")
     for args in (["--ckpt", str(damaged)], ["--ckpt", str(tiny_run), "--top-p", "2"]):
-        proc = subprocess.run([sys.executable, "generate.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+        proc = subprocess.run(
+            [sys.executable, "generate.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=300
+        )
         assert proc.returncode == 1 and proc.stdout == ""
         one_error_line(proc.stderr)
 

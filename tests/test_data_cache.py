@@ -218,8 +218,15 @@ def damage(entry, how: str) -> str:
     return {"wrong dtype in meta.json": "meta.json", "unreadable meta.json": "meta.json"}.get(how, how.split()[-1])
 
 
-DAMAGES = ["truncated train.bin", "truncated val.bin", "truncated tokenizer.json", "cut-down tokenizer.json",
-           "wrong dtype in meta.json", "unreadable meta.json", "missing train.bin"]
+DAMAGES = [
+    "truncated train.bin",
+    "truncated val.bin",
+    "truncated tokenizer.json",
+    "cut-down tokenizer.json",
+    "wrong dtype in meta.json",
+    "unreadable meta.json",
+    "missing train.bin",
+]
 
 
 @pytest.mark.parametrize("how", DAMAGES)
@@ -272,8 +279,10 @@ def test_a_full_disk_while_writing_the_cache_is_one_line_and_the_work_is_kept(tm
     assert proc.returncode == 1
     line = one_error_line(proc.stderr)
     (staging,) = (tmp_path / "cache" / "tokens").glob("*.partial")
-    assert line.startswith(f"error: the disk is full: writing the token cache at {staging / 'train.bin'} failed; "
-                           f"the partial entry {staging} (")
+    assert line.startswith(
+        f"error: the disk is full: writing the token cache at {staging / 'train.bin'} failed; "
+        f"the partial entry {staging} ("
+    )
     assert "MB) is kept" in line and line.endswith("or set data.cache_dir to a disk with room")
     del env["TINYGPT2_FAILPOINT"]  # space again: the next run goes on from the kept shards
     again = run_script("train.py", *TINY, f"data.path={small_text}", cwd=tmp_path, env=env)

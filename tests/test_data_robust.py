@@ -66,7 +66,10 @@ def test_bpe_learns_from_a_megabyte_without_spaces_and_encodes_it_back(tmp_path,
     assert tokenizer.decode(ids) == text
     # encoding uses GPT-2's pre-tokenizer, not the one training cut long words with
     assert json.loads(tokenizer.to_str())["pre_tokenizer"] == {
-        "type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True,
+        "type": "ByteLevel",
+        "add_prefix_space": False,
+        "trim_offsets": True,
+        "use_regex": True,
     }
 
 
@@ -85,7 +88,9 @@ def test_bpe_of_ordinary_text_is_the_one_whole_words_give(small_text):
 
 def test_training_cuts_no_ordinary_word_and_every_long_one(small_text):
     gpt2 = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    ordinary = small_text.read_text(encoding="utf-8") + "Thou art — déjà vu 🙂 \n\n  odd\tspacing\r\n中文没有空格 it's 1234"
+    ordinary = (
+        small_text.read_text(encoding="utf-8") + "Thou art — déjà vu 🙂 \n\n  odd\tspacing\r\n中文没有空格 it's 1234"
+    )
     assert training_pre_tokenizer().pre_tokenize_str(ordinary) == gpt2.pre_tokenize_str(ordinary)
     long = "x" * 1000 + " " * 600 + "!" * 700 + "7" * 300 + "\n" * 300 + "é" * 300
     words = training_pre_tokenizer().pre_tokenize_str(long)

@@ -50,15 +50,25 @@ def test_explain_py_prints_the_steps_when_run_as_a_user_runs_it(tiny_run, tmp_pa
     ]:
         assert f"{code} " in out and f" {shape}\n" in out, code
     assert "✓" in out and "·" in out and "sum = 1.000000" in out
-    for check in ("max |step by step - block.attn(block.ln_1(x))|", "max |per-head - combined|",
-                  "per-head 3,168 = combined c_attn 3,168", "max |cached step - full forward at the last position|"):
+    for check in (
+        "max |step by step - block.attn(block.ln_1(x))|",
+        "max |per-head - combined|",
+        "per-head 3,168 = combined c_attn 3,168",
+        "max |cached step - full forward at the last position|",
+    ):
         assert check in out
     assert max(len(line) for line in out.splitlines()) <= 100
 
 
 def test_json_is_the_only_output_and_its_shapes_follow_the_config(tiny_run):
-    proc = subprocess.run([sys.executable, "explain.py", "--ckpt", str(tiny_run), "--prompt", "ROMEO:", "--json"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+    proc = subprocess.run(
+        [sys.executable, "explain.py", "--ckpt", str(tiny_run), "--prompt", "ROMEO:", "--json"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
     document = json.loads(proc.stdout)
     c = document["config"]
@@ -143,11 +153,14 @@ def test_a_prompt_longer_than_the_context_is_cropped_to_its_last_tokens(tiny_run
     assert document["kv_cache"]["max_diff"] < 1e-5
 
 
-@pytest.mark.parametrize("args, expected", [
-    (["--layer", "2"], "error: --layer 2 is out of range: this model has 2 layers, so use 0 to 1"),
-    (["--layer", "-1"], "error: --layer -1 is out of range: this model has 2 layers, so use 0 to 1"),
-    (["--head", "4"], "error: --head 4 is out of range: this model has 4 heads per layer, so use 0 to 3"),
-])
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--layer", "2"], "error: --layer 2 is out of range: this model has 2 layers, so use 0 to 1"),
+        (["--layer", "-1"], "error: --layer -1 is out of range: this model has 2 layers, so use 0 to 1"),
+        (["--head", "4"], "error: --head 4 is out of range: this model has 4 heads per layer, so use 0 to 3"),
+    ],
+)
 def test_a_layer_or_head_out_of_range_is_refused_with_the_valid_range(tiny_run, capsys, args, expected):
     assert refused(capsys, "--ckpt", tiny_run, "--prompt", "ROMEO:", *args) == expected
 
@@ -164,8 +177,13 @@ def test_a_missing_run_or_checkpoint_is_refused(tmp_path, capsys, monkeypatch):
 
 
 def test_a_prompt_that_is_not_utf8_is_refused_in_one_line(tiny_run):
-    proc = subprocess.run([sys.executable, "explain.py", "--ckpt", str(tiny_run), "--prompt", b"ab\xff"],
-                          cwd=ROOT, capture_output=True, timeout=300, check=False)
+    proc = subprocess.run(
+        [sys.executable, "explain.py", "--ckpt", str(tiny_run), "--prompt", b"ab\xff"],
+        cwd=ROOT,
+        capture_output=True,
+        timeout=300,
+        check=False,
+    )
     assert proc.returncode == 1 and proc.stdout == b""
     line = one_error_line(proc.stderr.decode())
     assert "not valid UTF-8" in line and "0xff" in line

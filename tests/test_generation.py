@@ -36,7 +36,9 @@ def samples_of(batch_output: str) -> list[str]:
 def test_batched_rows_equal_single_runs_with_the_same_seeds(tiny_gpt):
     idx = torch.tensor([[5, 9, 14, 20]])
     settings = dict(temperature=0.9, top_k=40, top_p=0.95)
-    batch = tiny_gpt.generate(idx.repeat(4, 1), 50, generator=[torch.Generator().manual_seed(7 + i) for i in range(4)], **settings)
+    batch = tiny_gpt.generate(
+        idx.repeat(4, 1), 50, generator=[torch.Generator().manual_seed(7 + i) for i in range(4)], **settings
+    )
     for i in range(4):
         single = tiny_gpt.generate(idx, 50, generator=[torch.Generator().manual_seed(7 + i)], **settings)
         assert torch.equal(batch[i], single[0])
@@ -46,8 +48,14 @@ def test_batched_rows_equal_single_runs_with_the_same_seeds(tiny_gpt):
 def test_num_samples_run_as_one_batch_through_one_cache(tiny_run, tiny_gpt, capsys, monkeypatch):
     batch_sizes = []
     real_set_kv_cache = type(tiny_gpt).set_kv_cache
-    monkeypatch.setattr(type(tiny_gpt), "set_kv_cache", lambda self, b, *a, **k: (batch_sizes.append(b), real_set_kv_cache(self, b, *a, **k)))
-    code, out, _ = cli(capsys, "--ckpt", tiny_run, "--prompt", "ROMEO:", "--num-samples", 3, "--seed", 5, "--max-new-tokens", 40)
+    monkeypatch.setattr(
+        type(tiny_gpt),
+        "set_kv_cache",
+        lambda self, b, *a, **k: (batch_sizes.append(b), real_set_kv_cache(self, b, *a, **k)),
+    )
+    code, out, _ = cli(
+        capsys, "--ckpt", tiny_run, "--prompt", "ROMEO:", "--num-samples", 3, "--seed", 5, "--max-new-tokens", 40
+    )
     assert code == 0 and batch_sizes == [3]  # one cache, for a batch of three
     texts = samples_of(out)
     assert len(texts) == 3 and len(set(texts)) == 3
@@ -117,7 +125,9 @@ def test_generate_py_stops_at_a_stop_string(tiny_run, capsys):
     generated = free[len("ROMEO:") : -1]
     stop = generated.strip()[5:8]  # from the words, not the blanks a model may begin with
     assert code == 0 and len(generated) > 12 and stop.strip()
-    code, out, err = cli(capsys, "--ckpt", tiny_run, "--prompt", "ROMEO:", "--max-new-tokens", 60, "--temperature", 0, "--stop", stop)
+    code, out, err = cli(
+        capsys, "--ckpt", tiny_run, "--prompt", "ROMEO:", "--max-new-tokens", 60, "--temperature", 0, "--stop", stop
+    )
     assert out == "ROMEO:" + generated[: generated.index(stop)] + "\n"
     tokens = int(re.search(r"\[(\d+) tokens generated", err).group(1))
     assert tokens < 60  # generation ended there, not at --max-new-tokens
@@ -192,7 +202,9 @@ def test_summary_names_tokens_speed_prompt_and_cache(tiny_run, capsys):
 
 def test_attention_png_is_written_with_one_heatmap_per_head(tiny_run, tmp_path, capsys):
     png = tmp_path / "pictures" / "attention.png"
-    code, _, err = cli(capsys, "--ckpt", tiny_run, "--prompt", "ROMEO: my $5", "--max-new-tokens", 12, "--attention-png", png)
+    code, _, err = cli(
+        capsys, "--ckpt", tiny_run, "--prompt", "ROMEO: my $5", "--max-new-tokens", 12, "--attention-png", png
+    )
     assert code == 0 and "attention of the last layer written to" in err
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     image = imread(png)
@@ -249,8 +261,9 @@ def generate_process(*args, stdin: bytes | None = None, cwd=None):
 
     from .common import ROOT
 
-    return subprocess.run([sys.executable, str(ROOT / "generate.py"), *args], input=stdin, capture_output=True,
-                          cwd=cwd, timeout=300)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "generate.py"), *args], input=stdin, capture_output=True, cwd=cwd, timeout=300
+    )
 
 
 def test_a_prompt_that_is_not_utf8_is_refused_in_one_line(tiny_run, tmp_path):
@@ -263,7 +276,9 @@ def test_a_prompt_that_is_not_utf8_is_refused_in_one_line(tiny_run, tmp_path):
 
 def test_interactive_refuses_a_line_that_is_not_utf8_and_answers_the_next(tiny_run, tmp_path):
     typed = b"ROM\xe9O:\nJULIET:\n"  # the first line is Latin-1, not UTF-8
-    proc = generate_process("--ckpt", str(tiny_run), "--interactive", "--max-new-tokens", "8", stdin=typed, cwd=tmp_path)
+    proc = generate_process(
+        "--ckpt", str(tiny_run), "--interactive", "--max-new-tokens", "8", stdin=typed, cwd=tmp_path
+    )
     assert proc.returncode == 0
     err = proc.stderr.decode().splitlines()
     assert err[0] == "error: the prompt is not valid UTF-8: byte(s) 0xe9 at character 4; save or type it as UTF-8 text"
@@ -281,8 +296,22 @@ def test_the_summary_starts_a_line_of_its_own_in_a_terminal(tiny_run, tmp_path):
 
     for stop in ([], ["--stop", "e"]):  # a sample that runs to its length, and one cut by a stop string
         leader, follower = pty.openpty()
-        proc = subprocess.Popen([sys.executable, str(ROOT / "generate.py"), "--ckpt", str(tiny_run), "--prompt", "ROMEO:",
-                                 "--max-new-tokens", "12", *stop], stdout=follower, stderr=follower, cwd=tmp_path)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                str(ROOT / "generate.py"),
+                "--ckpt",
+                str(tiny_run),
+                "--prompt",
+                "ROMEO:",
+                "--max-new-tokens",
+                "12",
+                *stop,
+            ],
+            stdout=follower,
+            stderr=follower,
+            cwd=tmp_path,
+        )
         os.close(follower)
         screen = b""
         while True:
@@ -307,9 +336,23 @@ def test_training_samples_are_what_generate_py_writes_with_the_same_settings(tin
     from training.callbacks import TextSamples
 
     loaded = load_checkpoint(tiny_run)
-    samples = TextSamples(tiny_run / "unused.md", loaded.tokenizer_json, ["ROMEO:"], max_new_tokens=30,
-                          temperature=0.9, top_k=20, seed=11)
+    samples = TextSamples(
+        tiny_run / "unused.md", loaded.tokenizer_json, ["ROMEO:"], max_new_tokens=30, temperature=0.9, top_k=20, seed=11
+    )
     written = samples.generate(loaded.model, "ROMEO:")
-    code, out, _ = cli(capsys, "--ckpt", tiny_run, "--prompt", "ROMEO:", "--max-new-tokens", 30, "--temperature", 0.9,
-                       "--top-k", 20, "--seed", 11)
+    code, out, _ = cli(
+        capsys,
+        "--ckpt",
+        tiny_run,
+        "--prompt",
+        "ROMEO:",
+        "--max-new-tokens",
+        30,
+        "--temperature",
+        0.9,
+        "--top-k",
+        20,
+        "--seed",
+        11,
+    )
     assert code == 0 and out == written + "\n"

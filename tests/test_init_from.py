@@ -67,14 +67,23 @@ def test_model_settings_that_contradict_the_checkpoint_are_refused(tiny_run, sma
 
 def test_which_model_settings_the_command_line_names():
     model = {"n_layer": 4, "n_head": 4, "dropout": 0.0}
-    assert model_keys_in(["model.n_layer=3", "+model.dropout=0.1", "seed=1", "data.path=x"], model) == {"n_layer", "dropout"}
+    assert model_keys_in(["model.n_layer=3", "+model.dropout=0.1", "seed=1", "data.path=x"], model) == {
+        "n_layer",
+        "dropout",
+    }
     assert model_keys_in(["model=baby"], model) == set(model)
     assert model_keys_in(["init_from=/models/model.ckpt"], model) == set()
 
 
 @pytest.mark.slow
 def test_train_py_refuses_a_contradicting_override_in_one_line(transformers_folder, small_text, tmp_path):
-    args = [*RUN, f"data.path={small_text}", f"init_from={transformers_folder}", "model.n_head=2", f"hydra.run.dir={tmp_path / 'r'}"]
+    args = [
+        *RUN,
+        f"data.path={small_text}",
+        f"init_from={transformers_folder}",
+        "model.n_head=2",
+        f"hydra.run.dir={tmp_path / 'r'}",
+    ]
     proc = subprocess.run([sys.executable, "train.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
@@ -82,14 +91,18 @@ def test_train_py_refuses_a_contradicting_override_in_one_line(transformers_fold
     assert not (tmp_path / "r" / "checkpoints").exists()
 
 
-def test_a_fine_tune_whose_context_differs_from_the_preset_resolves_its_batch_with_that_context(tiny_tokenizer, tiny_text, small_text, tmp_path):
+def test_a_fine_tune_whose_context_differs_from_the_preset_resolves_its_batch_with_that_context(
+    tiny_tokenizer, tiny_text, small_text, tmp_path
+):
     """The global batch follows the model shape init_from gives, not the preset's, so the run can be
     continued: 8 sequences of the checkpoint's 64 tokens, where the nano preset has 32."""
     import yaml
 
     import train as train_py
 
-    wide = write_checkpoint(tmp_path / "wide.ckpt", train_tiny_gpt(tiny_tokenizer, tiny_text, steps=1, block_size=64), tiny_tokenizer)
+    wide = write_checkpoint(
+        tmp_path / "wide.ckpt", train_tiny_gpt(tiny_tokenizer, tiny_text, steps=1, block_size=64), tiny_tokenizer
+    )
     overrides = [*RUN, f"data.path={small_text}", f"init_from={wide}", "checkpoint.every_n_steps=2"]
     train(compose_config(*overrides), tmp_path / "run", named=overrides)
     saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())

@@ -19,8 +19,15 @@ from training.run_folder import RunFolder
 
 from .common import TINY, compose_config, run_script
 
-OPTIM = {"lr": 1e-3, "weight_decay": 0.1, "betas": [0.9, 0.95], "warmup_steps": 1, "schedule": "cosine",
-         "min_lr_ratio": 0.1, "max_nonfinite_in_a_row": 3}
+OPTIM = {
+    "lr": 1e-3,
+    "weight_decay": 0.1,
+    "betas": [0.9, 0.95],
+    "warmup_steps": 1,
+    "schedule": "cosine",
+    "min_lr_ratio": 0.1,
+    "max_nonfinite_in_a_row": 3,
+}
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +83,9 @@ def test_load_from_checkpoint_leaves_the_callers_random_state(trained):
 def test_the_model_config_may_be_a_dict_or_a_gptconfig():
     config = GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=50)
     as_dict = GPTModule(config.to_dict(), OPTIM, max_steps=10, val_tokens_per_char=0.5)
-    assert as_dict.model.config == config == GPTModule(config, OPTIM, max_steps=10, val_tokens_per_char=0.5).model.config
+    assert (
+        as_dict.model.config == config == GPTModule(config, OPTIM, max_steps=10, val_tokens_per_char=0.5).model.config
+    )
 
 
 @pytest.mark.slow
@@ -86,8 +95,16 @@ def test_offline_wandb_stages_the_samples_tables_inside_the_run_folder(small_tex
     for variable in ("WANDB_DATA_DIR", "XDG_DATA_HOME"):  # wandb's default: ~/.local/share/wandb
         env.pop(variable, None)
     run = tmp_path / "run"
-    proc = run_script("train.py", *TINY, f"data.path={small_text}", "logger=wandb", "samples.enabled=true",
-                      "samples.max_new_tokens=4", f"hydra.run.dir={run}", env=env)
+    proc = run_script(
+        "train.py",
+        *TINY,
+        f"data.path={small_text}",
+        "logger=wandb",
+        "samples.enabled=true",
+        "samples.max_new_tokens=4",
+        f"hydra.run.dir={run}",
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     staged = list((RunFolder(run).wandb_data / "artifacts" / "staging").iterdir())
     assert any(b'"_type": "table"' in p.read_bytes() for p in staged if p.is_file())

@@ -57,7 +57,7 @@ def test_c_attn_equals_separate_per_head_linears_on_a_real_layer():
 
     x = torch.randn(2, 5, C)
     q, k, v = attn.c_attn(x).split(C, dim=2)
-    for name, combined in zip("qkv", (q, k, v)):
+    for name, combined in zip("qkv", (q, k, v), strict=True):
         per_head = combined.view(2, 5, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
         for h, lin in enumerate(separate[name]):
             torch.testing.assert_close(per_head[:, h], lin(x), rtol=0, atol=1e-6)
@@ -327,8 +327,10 @@ def test_the_model_package_needs_only_torch():
     import subprocess
     import sys
 
-    code = ("import sys, model, model.gpt, model.cache, model.hf, model.config; "
-            "print(sorted({m.split('.')[0] for m in sys.modules} & {'generation', 'data', 'training', 'tokenizers', "
-            "'lightning', 'hydra', 'safetensors'}))")
+    code = (
+        "import sys, model, model.gpt, model.cache, model.hf, model.config; "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'generation', 'data', 'training', 'tokenizers', "
+        "'lightning', 'hydra', 'safetensors'}))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True).stdout
     assert out.strip() == "[]"

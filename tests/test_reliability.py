@@ -27,8 +27,15 @@ STEPS = 10
 
 
 def args_for(small_text: Path, *extra: str) -> list[str]:
-    return [*TINY, f"data.path={small_text}", f"trainer.max_steps={STEPS}", "trainer.val_check_interval=5",
-            "checkpoint.every_n_steps=2", "checkpoint.keep=20", *extra]
+    return [
+        *TINY,
+        f"data.path={small_text}",
+        f"trainer.max_steps={STEPS}",
+        "trainer.val_check_interval=5",
+        "checkpoint.every_n_steps=2",
+        "checkpoint.keep=20",
+        *extra,
+    ]
 
 
 def train(*args: str, failpoint: str | None = None) -> subprocess.CompletedProcess:
@@ -36,7 +43,9 @@ def train(*args: str, failpoint: str | None = None) -> subprocess.CompletedProce
     env.pop("TINYGPT2_FAILPOINT", None)
     if failpoint:
         env["TINYGPT2_FAILPOINT"] = failpoint
-    return subprocess.run([sys.executable, "train.py", *args], cwd=ROOT, capture_output=True, text=True, env=env, timeout=600)
+    return subprocess.run(
+        [sys.executable, "train.py", *args], cwd=ROOT, capture_output=True, text=True, env=env, timeout=600
+    )
 
 
 def state(checkpoint: Path) -> dict[str, torch.Tensor]:
@@ -107,8 +116,12 @@ def test_killed_run_resumes_bit_for_bit(failpoint, reference, small_text, tmp_pa
 
 def test_sigkill_at_an_arbitrary_moment(reference, small_text, tmp_path):
     run = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "train.py", *args_for(small_text), f"hydra.run.dir={run}"], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "train.py", *args_for(small_text), f"hydra.run.dir={run}"],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.time() + 300
     while not (run / "checkpoints" / "step-000004.ckpt").exists() and proc.poll() is None and time.time() < deadline:
         time.sleep(0.01)
@@ -123,8 +136,13 @@ def test_sigkill_at_an_arbitrary_moment(reference, small_text, tmp_path):
 def test_signal_finishes_the_step_checkpoints_and_says_how_to_resume(sig, small_text, tmp_path):
     run = tmp_path / "run"
     extra = ["trainer.max_steps=100000", "trainer.val_check_interval=100000", "checkpoint.every_n_steps=1000"]
-    proc = subprocess.Popen([sys.executable, "train.py", *args_for(small_text), *extra, f"hydra.run.dir={run}"], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "train.py", *args_for(small_text), *extra, f"hydra.run.dir={run}"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.time() + 300
     while not (run / "metrics.csv").exists() and time.time() < deadline:  # training has started
         time.sleep(0.05)
@@ -148,7 +166,11 @@ def test_nonfinite_losses_are_skipped_and_counted(small_text, tmp_path):
     assert "step 3: the loss or its gradient is not finite" in proc.stdout + proc.stderr
     # steps 3 and 4 changed nothing: the step-4 weights and moments are the step-2 ones
     assert_bit_equal(run / "checkpoints" / "step-000004.ckpt", run / "checkpoints" / "step-000002.ckpt")
-    skipped = [float(r["train/skipped_steps"]) for r in csv.DictReader(open(run / "metrics.csv")) if r.get("train/skipped_steps")]
+    skipped = [
+        float(r["train/skipped_steps"])
+        for r in csv.DictReader(open(run / "metrics.csv"))
+        if r.get("train/skipped_steps")
+    ]
     assert skipped[-1] == 2
     assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == STEPS
 
@@ -167,8 +189,13 @@ def test_too_many_nonfinite_losses_stop_the_run_and_keep_the_last_good_checkpoin
 
 def test_nonfinite_losses_are_skipped_with_value_clipping_too(small_text, tmp_path):
     run = tmp_path / "run"
-    proc = train(*args_for(small_text), "trainer.gradient_clip_algorithm=value", "trainer.gradient_clip_val=0.5",
-                 f"hydra.run.dir={run}", failpoint="nan:3-4")
+    proc = train(
+        *args_for(small_text),
+        "trainer.gradient_clip_algorithm=value",
+        "trainer.gradient_clip_val=0.5",
+        f"hydra.run.dir={run}",
+        failpoint="nan:3-4",
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert_bit_equal(run / "checkpoints" / "step-000004.ckpt", run / "checkpoints" / "step-000002.ckpt")
 
@@ -178,7 +205,9 @@ def test_weights_that_are_no_longer_finite_are_never_checkpointed(small_text, tm
     proc = train(*args_for(small_text), f"hydra.run.dir={run}", failpoint="nan_weights:4")  # broken after step 4
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     last_line = proc.stderr.strip().splitlines()[-1]
-    assert last_line.startswith("error: training diverged: at step 5 the weights are no longer finite (transformer.wte.weight)")
+    assert last_line.startswith(
+        "error: training diverged: at step 5 the weights are no longer finite (transformer.wte.weight)"
+    )
     assert "the checkpoints written so far hold the last good weights" in last_line
     saved = sorted((run / "checkpoints").glob("*.ckpt"))
     assert [p.name for p in saved] == ["last.ckpt", "step-000002.ckpt", "step-000004.ckpt"]

@@ -32,11 +32,21 @@ STEPS = 12
 
 
 def run_args(small_text: Path, *extra: str) -> list[str]:
-    return [*TINY, f"data.path={small_text}", "optim.lr=2e-3", f"trainer.max_steps={STEPS}", "trainer.val_check_interval=4",
-            "checkpoint.every_n_steps=2", "checkpoint.keep=20", *extra]
+    return [
+        *TINY,
+        f"data.path={small_text}",
+        "optim.lr=2e-3",
+        f"trainer.max_steps={STEPS}",
+        "trainer.val_check_interval=4",
+        "checkpoint.every_n_steps=2",
+        "checkpoint.keep=20",
+        *extra,
+    ]
 
 
-def start(args: list[str], cwd: Path, failpoint: str | None = None, env: dict | None = None, **popen) -> subprocess.Popen:
+def start(
+    args: list[str], cwd: Path, failpoint: str | None = None, env: dict | None = None, **popen
+) -> subprocess.Popen:
     env = {**os.environ, **(env or {})}
     env.pop("TINYGPT2_FAILPOINT", None)
     if failpoint:
@@ -99,7 +109,9 @@ def stopped_run(small_text: Path, cwd: Path, failpoint: str = "kill:7", *extra: 
 
 def test_the_printed_resume_command_continues_the_run_bit_for_bit(small_text, tmp_path):
     steps = 400  # long enough to be interrupted early on any machine
-    args = run_args(small_text, f"trainer.max_steps={steps}", "trainer.val_check_interval=100", "checkpoint.every_n_steps=20")
+    args = run_args(
+        small_text, f"trainer.max_steps={steps}", "trainer.val_check_interval=100", "checkpoint.every_n_steps=20"
+    )
     reference = run_script("train.py", *args, "runs_root=reference", cwd=tmp_path)
     assert reference.returncode == 0, reference.stderr[-2000:]
 
@@ -124,9 +136,13 @@ def test_the_printed_resume_command_continues_the_run_bit_for_bit(small_text, tm
     assert losses(run) == losses(done)
     assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == steps
     result = json.loads((run / "result.json").read_text())
-    assert result["finished"] and result["config"]["optim"]["lr"] == 2e-3 and list(result["config"]["logger"]) == ["csv"]
+    assert (
+        result["finished"] and result["config"]["optim"]["lr"] == 2e-3 and list(result["config"]["logger"]) == ["csv"]
+    )
     assert not list(run.glob("wandb"))  # the run's own logger, not the default one
-    assert (run / "config.yaml").read_bytes() == settings_before and (run / "tokenizer.json").read_bytes() == tokenizer_before
+    assert (run / "config.yaml").read_bytes() == settings_before and (
+        run / "tokenizer.json"
+    ).read_bytes() == tokenizer_before
 
 
 def test_a_contradicting_setting_beside_resume_is_refused(small_text, tmp_path):
@@ -157,11 +173,20 @@ def test_a_contradicting_setting_beside_resume_is_refused(small_text, tmp_path):
     }
     for overrides, message in contradicting.items():
         assert message in train.check_command_line([f"resume={run}", *overrides.split()]), overrides
-    assert train.check_command_line([f"resume={run / 'checkpoints'}"]) is None  # the checkpoints folder names the run too
+    assert (
+        train.check_command_line([f"resume={run / 'checkpoints'}"]) is None
+    )  # the checkpoints folder names the run too
     assert "holds no run" in train.check_command_line([f"resume={tmp_path}"])
-    allowed = [["trainer.max_steps=40", "checkpoint.keep=3", "checkpoint.every_n_steps=5", "samples.enabled=false"],
-               ["trainer.devices=1", "trainer.accelerator=cpu", "trainer.enable_progress_bar=true", "trainer.log_every_n_steps=5"],
-               run_args(small_text)]  # every original setting repeated
+    allowed = [
+        ["trainer.max_steps=40", "checkpoint.keep=3", "checkpoint.every_n_steps=5", "samples.enabled=false"],
+        [
+            "trainer.devices=1",
+            "trainer.accelerator=cpu",
+            "trainer.enable_progress_bar=true",
+            "trainer.log_every_n_steps=5",
+        ],
+        run_args(small_text),
+    ]  # every original setting repeated
     for overrides in allowed:
         assert train.check_command_line([f"resume={run}", *overrides]) is None, overrides
     assert snapshot(run) == before
@@ -177,7 +202,10 @@ def test_a_resumed_run_may_run_longer_and_keeps_its_first_settings_file(small_te
     assert (run / "config.yaml").read_bytes() == settings  # the settings it started with, never rewritten
     assert yaml.safe_load(settings)["trainer"]["max_steps"] == STEPS
     again = train.check_command_line([f"resume={run}"])  # its newest checkpoint knows it was extended
-    assert again == "the run is finished: it reached trainer.max_steps=16; give a larger trainer.max_steps to train it further"
+    assert (
+        again
+        == "the run is finished: it reached trainer.max_steps=16; give a larger trainer.max_steps to train it further"
+    )
 
 
 def test_a_run_killed_after_best_ckpt_and_before_any_step_file_resumes_from_it(small_text, reference, tmp_path):
@@ -254,8 +282,16 @@ def test_a_sweep_stopped_by_ctrl_c_and_its_job_continued_as_printed(small_text, 
 
 
 def test_an_optuna_search_records_every_trial_and_the_best(small_text, tmp_path):
-    proc = run_script("train.py", "-m", "hparams_search=optuna", "hydra.sweeper.n_trials=2", *TINY,
-                      f"data.path={small_text}", "trainer.max_time=null", cwd=tmp_path)
+    proc = run_script(
+        "train.py",
+        "-m",
+        "hparams_search=optuna",
+        "hydra.sweeper.n_trials=2",
+        *TINY,
+        f"data.path={small_text}",
+        "trainer.max_time=null",
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     (sweep,) = (tmp_path / "multirun").glob("*/*")
     assert sorted(p.name for p in sweep.iterdir() if p.is_dir()) == ["0", "1"]
@@ -273,8 +309,16 @@ def test_an_optuna_search_records_every_trial_and_the_best(small_text, tmp_path)
 
 
 def test_trainer_takes_any_lightning_argument(small_text, tmp_path):
-    proc = run_script("train.py", *TINY, f"data.path={small_text}", "trainer.max_steps=3", "optim.warmup_steps=1",
-                      "trainer.deterministic=true", "trainer.profiler=simple", cwd=tmp_path)
+    proc = run_script(
+        "train.py",
+        *TINY,
+        f"data.path={small_text}",
+        "trainer.max_steps=3",
+        "optim.warmup_steps=1",
+        "trainer.deterministic=true",
+        "trainer.profiler=simple",
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     (run,) = runs_under(tmp_path / "outputs")
     trainer = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["tinygpt2"]["config"]["trainer"]
@@ -312,7 +356,9 @@ def test_two_runs_started_in_the_same_second_get_two_folders(monkeypatch, small_
 
 def test_a_second_process_on_a_running_run_is_refused(small_text, tmp_path):
     run = tmp_path / "run"
-    args = run_args(small_text, "trainer.max_steps=1000000", "trainer.val_check_interval=1000000", "checkpoint.every_n_steps=50")
+    args = run_args(
+        small_text, "trainer.max_steps=1000000", "trainer.val_check_interval=1000000", "checkpoint.every_n_steps=50"
+    )
     proc = start([*args, f"hydra.run.dir={run}"], tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.time() + 300
@@ -346,8 +392,16 @@ def test_a_folder_of_the_users_own_files_is_refused_and_left_as_it_was(small_tex
 
 
 def test_a_requeued_slurm_job_continues_its_run(small_text, reference, tmp_path, monkeypatch):
-    slurm = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NAME": "tinygpt2", "SLURM_NTASKS": "1", "SLURM_NTASKS_PER_NODE": "1",
-             "SLURM_NODELIST": "localhost", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0"}
+    slurm = {
+        "SLURM_JOB_ID": "4242",
+        "SLURM_JOB_NAME": "tinygpt2",
+        "SLURM_NTASKS": "1",
+        "SLURM_NTASKS_PER_NODE": "1",
+        "SLURM_NODELIST": "localhost",
+        "SLURM_PROCID": "0",
+        "SLURM_LOCALID": "0",
+        "SLURM_NODEID": "0",
+    }
     first = start(run_args(small_text), tmp_path, "kill:7", env=slurm)
     finish(first)
     run = tmp_path / "outputs" / "slurm-4242"
@@ -363,7 +417,9 @@ def test_a_requeued_slurm_job_continues_its_run(small_text, reference, tmp_path,
         args = train.Launch(run_args(small_text), claim_folders=False).hydra_args()
     assert f"resume={run / 'checkpoints' / 'step-000006.ckpt'}" in args and f"hydra.run.dir={run}" in args
 
-    requeued = run_script("train.py", *run_args(small_text), cwd=tmp_path, env={**os.environ, **slurm, "SLURM_RESTART_COUNT": "1"})
+    requeued = run_script(
+        "train.py", *run_args(small_text), cwd=tmp_path, env={**os.environ, **slurm, "SLURM_RESTART_COUNT": "1"}
+    )
     assert requeued.returncode == 0, requeued.stderr[-2000:]
     assert "restarted by its scheduler: continuing" in requeued.stdout + requeued.stderr
     assert json.loads((run / "result.json").read_text())["finished"]

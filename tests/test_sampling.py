@@ -36,7 +36,15 @@ def test_top_k_works_per_row():
 
 @pytest.mark.parametrize(
     "p, expected",
-    [(0.3, {0}), (0.45, {0}), (0.6, {0, 1}), (0.75, {0, 1}), (0.85, {0, 1, 2}), (0.99, {0, 1, 2, 3}), (1.0, {0, 1, 2, 3})],
+    [
+        (0.3, {0}),
+        (0.45, {0}),
+        (0.6, {0, 1}),
+        (0.75, {0, 1}),
+        (0.85, {0, 1, 2}),
+        (0.99, {0, 1, 2, 3}),
+        (1.0, {0, 1, 2, 3}),
+    ],
 )
 def test_top_p_keeps_the_smallest_set_reaching_p(p, expected):
     # probabilities 0.5, 0.3, 0.15, 0.05 (shuffled, so order in the vocabulary does not matter)

@@ -24,13 +24,26 @@ def weights(run):
 
 def test_ddp_on_two_processes_matches_one_process_with_the_same_global_batch(small_text, tmp_path):
     # as the README shows it: no hydra.run.dir; the processes Lightning starts find the run folder themselves
-    common = [*TINY, f"data.path={small_text}", "trainer.max_steps=6", "trainer.val_check_interval=3",
-              "trainer.limit_val_batches=null", "tokens_per_step=512"]
+    common = [
+        *TINY,
+        f"data.path={small_text}",
+        "trainer.max_steps=6",
+        "trainer.val_check_interval=3",
+        "trainer.limit_val_batches=null",
+        "tokens_per_step=512",
+    ]
     one = run_script("train.py", *common, "runs_root=single", cwd=tmp_path)
     assert one.returncode == 0, one.stderr[-2000:]
     assert "512 tokens per step = 8 sequences x 32 tokens x 1 device(s) x 2 accumulation" in one.stdout + one.stderr
-    two = run_script("train.py", *common, "trainer.strategy=ddp", "trainer.devices=2", "trainer.accelerator=cpu",
-                     "runs_root=ddp", cwd=tmp_path)
+    two = run_script(
+        "train.py",
+        *common,
+        "trainer.strategy=ddp",
+        "trainer.devices=2",
+        "trainer.accelerator=cpu",
+        "runs_root=ddp",
+        cwd=tmp_path,
+    )
     assert two.returncode == 0, two.stderr[-2000:]
     assert "512 tokens per step = 8 sequences x 32 tokens x 2 device(s) x 1 accumulation" in two.stdout + two.stderr
     single, ddp = only_run(tmp_path / "single"), only_run(tmp_path / "ddp")
@@ -56,7 +69,9 @@ def test_sweep_as_the_readme_shows_it_puts_every_job_in_one_folder_and_summarise
     assert proc.returncode == 0, proc.stderr[-2000:]
     (sweep,) = (tmp_path / "multirun").glob("*/*")  # one sweep folder, though the jobs started seconds apart
     assert sorted(p.name for p in sweep.iterdir() if p.is_dir()) == ["0", "1"]
-    assert (sweep / "0" / "checkpoints" / "last.ckpt").is_file() and (sweep / "1" / "checkpoints" / "last.ckpt").is_file()
+    assert (sweep / "0" / "checkpoints" / "last.ckpt").is_file() and (
+        sweep / "1" / "checkpoints" / "last.ckpt"
+    ).is_file()
     rows = list(csv.DictReader(open(sweep / "summary.csv")))
     assert [float(row["optim.lr"]) for row in rows] == [1e-3, 3e-3]
     assert all(float(row["val/bpc"]) > 0 and row["finished"] == "true" for row in rows)
@@ -69,7 +84,9 @@ def test_sweep_as_the_readme_shows_it_puts_every_job_in_one_folder_and_summarise
 
 def test_compiled_model_saves_plain_weight_names(small_text, tmp_path):
     run = tmp_path / "compiled"
-    proc = run_script("train.py", *TINY, f"data.path={small_text}", "compile=true", "trainer.max_steps=3", f"hydra.run.dir={run}")
+    proc = run_script(
+        "train.py", *TINY, f"data.path={small_text}", "compile=true", "trainer.max_steps=3", f"hydra.run.dir={run}"
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     keys = list(weights(run))
     assert "model.transformer.wte.weight" in keys and not any("_orig_mod" in k for k in keys)
@@ -77,7 +94,9 @@ def test_compiled_model_saves_plain_weight_names(small_text, tmp_path):
 
 def test_debug_preset_runs_with_everything_on(small_text, tmp_path):
     run = tmp_path / "debug"
-    proc = run_script("train.py", "debug=default", *TINY_MODEL, "data.batch_size=8", f"data.path={small_text}", f"hydra.run.dir={run}")
+    proc = run_script(
+        "train.py", "debug=default", *TINY_MODEL, "data.batch_size=8", f"data.path={small_text}", f"hydra.run.dir={run}"
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     for name in ("checkpoints/last.ckpt", "metrics.csv", "loss.png", "samples.md", "tensorboard"):
         assert (run / name).exists(), name

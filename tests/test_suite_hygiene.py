@@ -68,8 +68,17 @@ REPRESENTATIVE = [
     "tests/test_tracking.py::test_csv_holds_every_metric",
     "tests/test_train.py::test_a_composed_config_trains_and_writes_a_checkpoint_that_generates",
 ]
-COPIED_OUT = (".git", *conftest.RUN_FOLDERS, "__pycache__", ".pytest_cache", ".ruff_cache", "*.egg-info", ".benchmarks",
-              ".venv", "build")
+COPIED_OUT = (
+    ".git",
+    *conftest.RUN_FOLDERS,
+    "__pycache__",
+    ".pytest_cache",
+    ".ruff_cache",
+    "*.egg-info",
+    ".benchmarks",
+    ".venv",
+    "build",
+)
 
 
 @pytest.mark.slow
@@ -94,8 +103,15 @@ def test_tests_that_train_leave_the_checkouts_outputs_and_the_users_cache_as_the
     env.pop("MPLCONFIGDIR", None)
     if find_tiny_shakespeare() is not None:
         env["TINYSHAKESPEARE"] = str(find_tiny_shakespeare())
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *REPRESENTATIVE],
-                          cwd=checkout, env=env, capture_output=True, text=True, timeout=1200, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *REPRESENTATIVE],
+        cwd=checkout,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        check=False,
+    )
     report = proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.returncode == 0 and f"{len(REPRESENTATIVE)} passed" in proc.stdout, report
 

@@ -23,6 +23,7 @@ from .run_folder import RunFolder
 
 log = logging.getLogger(__name__)
 
+
 def fsync_dir(folder: Path) -> None:
     fd = os.open(folder, os.O_RDONLY)
     try:

@@ -20,4 +20,12 @@ class TrainingDiverged(RuntimeError):
     """Training cannot go on: too many non-finite losses in a row, or weights no longer finite."""
 
 
-USER_ERRORS = (ConfigError, DataError, CheckpointError, SettingError, RunFolderError, CheckpointSaveError, TrainingDiverged)
+USER_ERRORS = (
+    ConfigError,
+    DataError,
+    CheckpointError,
+    SettingError,
+    RunFolderError,
+    CheckpointSaveError,
+    TrainingDiverged,
+)

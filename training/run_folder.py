@@ -119,7 +119,11 @@ class RunFolder:
         if owner:
             raise RunFolderError(f"{self.path} is a run being trained by {owner}; pick a new {chosen_by}")
         if self.holds_run() and self.has_checkpoint():
-            further = "train it further with resume={} trainer.max_steps=N" if self.is_finished() else "continue it with resume={}"
+            further = (
+                "train it further with resume={} trainer.max_steps=N"
+                if self.is_finished()
+                else "continue it with resume={}"
+            )
             raise RunFolderError(
                 f"{self.path} already holds a run; pick a new {chosen_by} (runs are never overwritten), "
                 f"or {further.format(self.path)}"
@@ -179,8 +183,10 @@ class RunFolder:
             raise RunFolderError(f"resume={resume} is not a run in {self.path}; continue a run in its own folder")
         checkpoint = named if named.is_file() else self.checkpoint_to_resume()
         if checkpoint is None:
-            raise CheckpointError(f"{self.path} has no checkpoint to resume from (checkpoints/step-*.ckpt or best.ckpt); "
-                                  "it stopped before its first checkpoint, so start it again as a new run")
+            raise CheckpointError(
+                f"{self.path} has no checkpoint to resume from (checkpoints/step-*.ckpt or best.ckpt); "
+                "it stopped before its first checkpoint, so start it again as a new run"
+            )
         return checkpoint.resolve()
 
     # ---- the lock ----------------------------------------------------------------------------------
@@ -209,7 +215,9 @@ class RunFolder:
                 ) from None
             raise
         os.ftruncate(fd, 0)
-        os.write(fd, f"process {os.getpid()} on {socket.gethostname()}, since {datetime.now():%Y-%m-%d %H:%M:%S}".encode())
+        os.write(
+            fd, f"process {os.getpid()} on {socket.gethostname()}, since {datetime.now():%Y-%m-%d %H:%M:%S}".encode()
+        )
         _HELD[key] = fd
 
     def held_by(self) -> str | None:
@@ -300,13 +308,17 @@ def folder_of(path: str | os.PathLike) -> RunFolder:
     if path.is_dir():
         folder = RunFolder(path.resolve())
         if not folder.holds_run():
-            raise RunFolderError(f"resume={path}: this folder holds no run (no config.yaml, no checkpoints/); give a run "
-                                 "folder, a checkpoint in one, or resume=auto")
+            raise RunFolderError(
+                f"resume={path}: this folder holds no run (no config.yaml, no checkpoints/); give a run "
+                "folder, a checkpoint in one, or resume=auto"
+            )
         return folder
     if path.is_file() and path.parent.name == CHECKPOINTS_DIR:
         return RunFolder(path.parent.parent.resolve())
     if path.is_file():
-        raise RunFolderError(f"resume={path}: a checkpoint outside a run folder cannot be resumed; use init_from={path}")
+        raise RunFolderError(
+            f"resume={path}: a checkpoint outside a run folder cannot be resumed; use init_from={path}"
+        )
     raise RunFolderError(f"resume={path} does not exist; give a run folder, a checkpoint in one, or resume=auto")
 
 

@@ -27,10 +27,22 @@ OBJECTIVE = "val/bpc"  # lower is better; comparable across tokenizers
 METRICS = ("val/bpc", "val/loss", "val/perplexity", "train/loss")
 
 
-def result_record(folder: RunFolder, overrides: list[str], settings: dict[str, Any], metrics: dict[str, float],
-                  finished: bool, error: str | None = None) -> dict[str, Any]:
+def result_record(
+    folder: RunFolder,
+    overrides: list[str],
+    settings: dict[str, Any],
+    metrics: dict[str, float],
+    finished: bool,
+    error: str | None = None,
+) -> dict[str, Any]:
     """What result.json holds: what the run was asked, what it reached, whether it ran to its end."""
-    record = {"run_dir": str(folder.path), "finished": finished, "overrides": overrides, "metrics": metrics, "config": settings}
+    record = {
+        "run_dir": str(folder.path),
+        "finished": finished,
+        "overrides": overrides,
+        "metrics": metrics,
+        "config": settings,
+    }
     if error:
         record["error"] = error
     return record
@@ -39,14 +51,22 @@ def result_record(folder: RunFolder, overrides: list[str], settings: dict[str, A
 def summarize(sweep_dir: Path) -> dict[str, Any] | None:
     """Collect every job's result under sweep_dir into summary.json and summary.csv; None when no job
     has a result yet."""
-    jobs = sorted((p for p in Path(sweep_dir).iterdir() if p.is_dir()), key=job_order) if Path(sweep_dir).is_dir() else []
+    jobs = (
+        sorted((p for p in Path(sweep_dir).iterdir() if p.is_dir()), key=job_order) if Path(sweep_dir).is_dir() else []
+    )
     results = [r for r in (RunFolder(p).read_result() for p in jobs) if r]
     if not results:
         return None
     best = best_result(results)
     summary = {
         "objective": OBJECTIVE,
-        "best": {"run": Path(best["run_dir"]).name, "overrides": best["overrides"], OBJECTIVE: best["metrics"][OBJECTIVE]} if best else None,
+        "best": {
+            "run": Path(best["run_dir"]).name,
+            "overrides": best["overrides"],
+            OBJECTIVE: best["metrics"][OBJECTIVE],
+        }
+        if best
+        else None,
         "runs": results,
     }
     write_atomically(Path(sweep_dir) / "summary.json", json.dumps(summary, indent=2))
@@ -55,8 +75,15 @@ def summarize(sweep_dir: Path) -> dict[str, Any] | None:
     rows = [["run", *swept, *metric_names, "finished", "best"]]
     for r in results:
         settings = overrides_as_dict(r)
-        rows.append([Path(r["run_dir"]).name, *(settings.get(k, "") for k in swept), *(r["metrics"].get(m, "") for m in metric_names),
-                     r.get("error") or str(r["finished"]).lower(), "*" if r is best else ""])
+        rows.append(
+            [
+                Path(r["run_dir"]).name,
+                *(settings.get(k, "") for k in swept),
+                *(r["metrics"].get(m, "") for m in metric_names),
+                r.get("error") or str(r["finished"]).lower(),
+                "*" if r is best else "",
+            ]
+        )
     tmp = Path(sweep_dir) / ".summary.csv.tmp"
     with open(tmp, "w", newline="") as out:
         csv.writer(out).writerows(rows)
@@ -118,8 +145,16 @@ class SweepSummary(Callback):
         swept = swept_settings(summary["runs"], sweep_dir)
         for r in summary["runs"]:
             settings = " ".join(o for o in r["overrides"] if o.lstrip("+").partition("=")[0] in swept) or "(defaults)"
-            metrics = ", ".join(f"{m} {r['metrics'][m]:.4f}" for m in METRICS if m in r["metrics"]) or r.get("error", "")
+            metrics = ", ".join(f"{m} {r['metrics'][m]:.4f}" for m in METRICS if m in r["metrics"]) or r.get(
+                "error", ""
+            )
             log.info("  %s  %s  %s", Path(r["run_dir"]).name, settings, metrics)
         if summary["best"]:
             best = summary["best"]
-            log.info("best: %s (%s), %s %.4f", best["run"], " ".join(best["overrides"]) or "defaults", OBJECTIVE, best[OBJECTIVE])
+            log.info(
+                "best: %s (%s), %s %.4f",
+                best["run"],
+                " ".join(best["overrides"]) or "defaults",
+                OBJECTIVE,
+                best[OBJECTIVE],
+            )
