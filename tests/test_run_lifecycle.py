@@ -161,7 +161,7 @@ def test_a_contradicting_setting_beside_resume_is_refused(small_text, tmp_path):
         "logger=[wandb,csv]": "logger=[wandb,csv] contradicts",
         "optim.lr=1e-2": "optim.lr=0.01 contradicts",
         "seed=7": "seed=7 contradicts",
-        "model=nano": "model.n_embd=96 contradicts",  # the preset names every model setting
+        "model=nano": "model.n_embd=128 contradicts",  # the preset names every model setting
         "experiment=shakespeare_char_cpu": "contradicts the run being resumed",
         "experiment=shakespeare_75s": "contradicts the run being resumed",  # even where it sets the defaults
         "tokenizer.vocab_size=400": "tokenizer.vocab_size=400 contradicts",
