@@ -16,6 +16,8 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.fabric.plugins import TorchCheckpointIO
+from lightning.pytorch.core.optimizer import LightningOptimizer
+from lightning.pytorch.strategies import ModelParallelStrategy
 
 from . import failpoints
 from .errors import CheckpointSaveError
@@ -71,6 +73,72 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                     f"`python train.py resume={path.parent.parent}`"
                 ) from None
             raise
+
+
+class FSDP2Strategy(ModelParallelStrategy):
+    """trainer.strategy=fsdp: Lightning's ModelParallelStrategy with every process one data-parallel
+    rank (no tensor parallelism); GPTModule.configure_model shards the model. Unlike Lightning's FSDP1
+    strategy it runs on CPUs (gloo) as well as GPUs.
+
+    Each checkpoint is gathered whole on the first process and written as one process writes it: plain
+    tensors under the model's own names, the tied weights one tensor, and the optimizer state numbered
+    as one process's optimizer numbers it, group by group (Lightning's own strategy numbers it in the
+    model's order), so that a run continues on any number of devices, with or without sharding."""
+
+    def __init__(self):
+        super().__init__(tensor_parallel_size=1, save_distributed_checkpoint=False)
+
+    def setup_environment(self) -> None:
+        self._data_parallel_size = self.num_nodes * self.num_processes  # the world size, known only now
+        super().setup_environment()
+
+    def lightning_module_state_dict(self) -> dict[str, Any]:
+        state = super().lightning_module_state_dict()  # whole on the first process, empty on the others
+        if state:
+            first: dict[torch.nn.Parameter, str] = {}
+            for name, param in self.model.named_parameters(remove_duplicate=False):
+                state[name] = state[first.setdefault(param, name)]
+        return state
+
+    def optimizer_state(self, optimizer) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        optimizer = optimizer._optimizer if isinstance(optimizer, LightningOptimizer) else optimizer
+        whole = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        # keyed by parameter name; empty on all processes but the first
+        state = get_optimizer_state_dict(self.model, optimizer, options=whole)
+        if not state:
+            return state
+        number = {name: i for i, name in enumerate(self.parameter_names(optimizer))}
+        return rekeyed(state, number.__getitem__)
+
+    def load_checkpoint(self, checkpoint_path, weights_only: bool | None = None) -> dict[str, Any]:
+        """A whole checkpoint (this strategy's or one process's), each process taking its shards."""
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        path = Path(self.broadcast(checkpoint_path))
+        checkpoint = torch.load(path, mmap=True, map_location="cpu", weights_only=weights_only)
+        whole = StateDictOptions(full_state_dict=True, strict=self.lightning_module.strict_loading)
+        set_model_state_dict(self.model, checkpoint.pop("state_dict"), options=whole)
+        for optimizer, state in zip(self.optimizers, checkpoint.get("optimizer_states", []), strict=False):
+            named = rekeyed(state, self.parameter_names(optimizer).__getitem__)
+            set_optimizer_state_dict(self.model, optimizer, optim_state_dict=named, options=whole)
+        return checkpoint
+
+    def parameter_names(self, optimizer) -> list[str]:
+        """The optimizer's parameters by name, in the order one process's optimizer numbers them."""
+        names = {param: name for name, param in self.model.named_parameters()}  # a tied weight by its first name
+        return [names[param] for group in optimizer.param_groups for param in group["params"]]
+
+
+def rekeyed(state: dict[str, Any], key) -> dict[str, Any]:
+    """An optimizer state dict with each parameter's key (a number or a name) replaced by key(it)."""
+    groups = [{**group, "params": [key(param) for param in group["params"]]} for group in state["param_groups"]]
+    return {"state": {key(param): values for param, values in state["state"].items()}, "param_groups": groups}
 
 
 class PeriodicCheckpoints(L.Callback):

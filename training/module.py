@@ -73,6 +73,7 @@ class GPTModule(L.LightningModule):
         self.nonfinite_in_a_row = 0
         self.skipped_steps = 0
         self.parameters_list: list[torch.nn.Parameter] | None = None
+        self.sharded = False  # whether configure_model sharded the model (trainer.strategy=fsdp)
         self.train_values: dict[str, Any] = {}  # this step's values for the loggers (see log_train)
         self.latest_train_values: dict[str, float] = {}  # the last ones sent: the progress bar's, the result's
         self.logged_step = -1
@@ -82,6 +83,20 @@ class GPTModule(L.LightningModule):
         self.run_config = run_config or {}
         self.val_loss_sum = torch.zeros(())
         self.val_token_count = torch.zeros(())
+        self.val_batches_behind = 0  # extra forwards a sharded model owes at the end of validation
+
+    # ---- sharding --------------------------------------------------------------------------------
+
+    def configure_model(self) -> None:
+        """Under trainer.strategy=fsdp (Lightning's ModelParallelStrategy, which gives the module its
+        device mesh), shards the model over the processes (see `shard`). Lightning calls this hook
+        for every fit, validate or test, and load_from_checkpoint calls it without a trainer: the
+        model is sharded once, and only under a mesh."""
+        if self.device_mesh is None or self.sharded:
+            return
+        shard(self.model, self.device_mesh["data_parallel"], self.trainer.precision)
+        self.sharded = True
+        self.parameters_list = None
 
     # ---- steps -----------------------------------------------------------------------------------
 
@@ -107,8 +122,9 @@ class GPTModule(L.LightningModule):
         a few percent of a small model's step on a CPU."""
         trainer = self.trainer
         if failpoints.active("nan_weights", trainer.global_step):
+            weight = self.model.transformer.wte.weight
             with torch.no_grad():
-                self.model.transformer.wte.weight[0, 0] = float("nan")
+                (weight.to_local() if self.sharded else weight)[0, 0] = float("nan")  # sharded: each its first row
         if (
             not self.train_values
             or not logging_step(trainer, step_done=True)
@@ -126,6 +142,7 @@ class GPTModule(L.LightningModule):
     def on_validation_epoch_start(self) -> None:
         self.val_loss_sum = torch.zeros((), device=self.device, dtype=torch.float64)
         self.val_token_count = torch.zeros((), device=self.device, dtype=torch.float64)
+        self.val_batches_behind = self.batches_behind() if self.sharded else 0
 
     def validation_step(self, batch, batch_idx):
         inputs, targets = batch
@@ -134,6 +151,8 @@ class GPTModule(L.LightningModule):
         self.val_token_count += targets.numel()
 
     def on_validation_epoch_end(self) -> None:
+        for _ in range(self.val_batches_behind):  # scoring nothing: see batches_behind
+            self.model(torch.zeros((1, 1), dtype=torch.long, device=self.device))
         total = self.trainer.strategy.reduce(self.val_loss_sum, reduce_op="sum")
         count = self.trainer.strategy.reduce(self.val_token_count, reduce_op="sum")
         loss = (total / count.clamp(min=1)).float()
@@ -141,6 +160,16 @@ class GPTModule(L.LightningModule):
         self.log("val/perplexity", torch.exp(loss), sync_dist=True)
         # bits per character: mean nats per token, times tokens per character, over ln 2
         self.log("val/bpc", loss * self.val_tokens_per_char / math.log(2), prog_bar=True, sync_dist=True)
+
+    def batches_behind(self) -> int:
+        """How many fewer validation batches this process has than the one with the most (the windows
+        do not always split evenly). A sharded model's forward is a collective, every process gathering
+        the weights together, so a process that ends its share early runs as many forwards as it lacks."""
+        trainer = self.trainer
+        counts = trainer.num_sanity_val_batches if trainer.sanity_checking else trainer.num_val_batches
+        mine = torch.tensor(float(sum(counts)), device=self.device)
+        most = trainer.strategy.reduce(mine.clone(), reduce_op="max")
+        return int(most - mine)
 
     # ---- optimisation ----------------------------------------------------------------------------
 
@@ -182,15 +211,18 @@ class GPTModule(L.LightningModule):
 
         A non-finite norm (a NaN or inf loss, or an overflow) drops the step's gradients, so AdamW
         leaves the weights and its moments as they were. Gradients are averaged across processes
-        before this point, so every process makes the same decision. Value clipping
-        (trainer.gradient_clip_algorithm=value) is checked the same way, then clipped by Lightning.
+        before this point, so every process makes the same decision. Sharded, each process holds a
+        shard of every gradient (a DTensor) and the norm over its shards is partial: full_tensor()
+        completes it across processes, so each clips by, and decides on, the norm of the whole
+        gradient. Value clipping (trainer.gradient_clip_algorithm=value) is checked the same way,
+        then clipped by Lightning.
         """
-        if self.trainer.strategy.__class__.__name__.startswith("FSDP"):  # FSDP's sharded norm is Lightning's own
-            return super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
         if self.parameters_list is None:  # walking the module tree each step costs more than the norm of a small model
             self.parameters_list = list(self.model.parameters())
         params = [p for p in self.parameters_list if p.grad is not None]
         norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+        if self.sharded:
+            norm = norm.full_tensor()
         if not torch.isfinite(norm):
             self.skip_step(optimizer)
             return
@@ -221,7 +253,7 @@ class GPTModule(L.LightningModule):
     # ---- checkpoints -----------------------------------------------------------------------------
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        bad = next((name for name, p in self.model.named_parameters() if not torch.isfinite(p).all()), None)
+        bad = self.nonfinite_parameter()
         if bad is not None:  # never a checkpoint of broken weights: the ones written so far stay the newest
             raise TrainingDiverged(
                 f"training diverged: at step {self.trainer.global_step} the weights are no longer finite ({bad}); no "
@@ -231,6 +263,17 @@ class GPTModule(L.LightningModule):
         checkpoint.update(describe_model(self.model.config, self.tokenizer_json, self.run_config))
         checkpoint["rng_states"] = rng_states()
         checkpoint["nonfinite"] = {"skipped": self.skipped_steps, "in_a_row": self.nonfinite_in_a_row}
+
+    def nonfinite_parameter(self) -> str | None:
+        """The name of the first parameter holding a NaN or an inf, or None. Sharded, each process
+        checks its shards and the processes add up what they found (every process saves a checkpoint,
+        so all must decide alike)."""
+        named = list(self.model.named_parameters())
+        if not self.sharded:
+            return next((name for name, p in named if not torch.isfinite(p).all()), None)
+        broken = torch.stack([~torch.isfinite(p.to_local()).all() for _, p in named]).float()
+        found = self.trainer.strategy.reduce(broken, reduce_op="sum").nonzero()
+        return named[int(found[0])][0] if len(found) else None
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         if "rng_states" in checkpoint and self._trainer is not None:  # resuming; load_from_checkpoint leaves them
@@ -263,6 +306,28 @@ class GPTModule(L.LightningModule):
         return super().load_from_checkpoint(
             path, map_location, hparams_file, strict, weights_only, **{**described, **kwargs}
         )
+
+
+def shard(model: GPT, mesh, precision: str) -> None:
+    """Shards the model in place with FSDP2 over the processes of a 1-D device mesh: each block is a
+    unit of its own, its weights gathered just before its forward and its backward and freed after;
+    the model itself holds the rest: the embeddings, the last LayerNorm and the output layer, whose
+    weight is the token embedding's (one parameter, sharded once, so the two stay tied). Each process
+    keeps, and the optimizer updates, a shard of every weight.
+
+    Under bf16-mixed the weights are gathered and computed with in bf16 and the gradients reduced in
+    fp32, while the shards stay fp32 (FSDP2's MixedPrecisionPolicy); Lightning's autocast, which that
+    precision also turns on, keeps the LayerNorms, softmax and loss in fp32 as on one device.
+    Otherwise (32-true on a CPU) everything stays in the weights' own dtype."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    if precision == "bf16-mixed":
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    else:
+        policy = MixedPrecisionPolicy()
+    for block in model.transformer.h:
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
 
 
 def described_before_hyperparameters(path: Path, header: dict[str, Any]) -> dict[str, Any]:

@@ -161,14 +161,33 @@ def choose_precision(requested: str | int | None) -> str:
 
 
 def choose_strategy(name: Any):
-    """`fsdp` shards every transformer block and saves one full checkpoint; other names go to Lightning."""
+    """`fsdp`: FSDP2 through Lightning's ModelParallelStrategy (training.checkpointing.FSDP2Strategy,
+    and GPTModule.configure_model, which shards); other names go to Lightning as they are."""
     if name == "fsdp":
-        from lightning.pytorch.strategies import FSDPStrategy
+        from .checkpointing import FSDP2Strategy
 
-        from model.gpt import Block
-
-        return FSDPStrategy(auto_wrap_policy={Block}, state_dict_type="full")
+        return FSDP2Strategy()
     return name
+
+
+def check_fsdp(values: dict[str, Any]) -> None:
+    """What trainer.strategy=fsdp cannot do. optim=muon's optimizer is two in one, whose state FSDP
+    cannot gather whole: refused. Text samples are written by the first process alone, and a sharded
+    model computes only with every process taking part: turned off, in one warning line (generate.py
+    samples from the checkpoints)."""
+    if values["trainer"].get("strategy") != "fsdp":
+        return
+    if values["optim"].get("name") == "muon":
+        raise SettingError(
+            "optim=muon does not work with trainer.strategy=fsdp (its checkpoint cannot gather the state of its "
+            "two optimizers); use optim=adamw, or trainer.strategy=ddp"
+        )
+    if values["samples"]["enabled"]:
+        values["samples"]["enabled"] = False
+        log.warning(
+            "trainer.strategy=fsdp: no text samples after validation (samples.enabled=false), as the sharded model "
+            "runs only on all processes together; sample from the checkpoints with generate.py"
+        )
 
 
 _CHECKED: dict[str, tuple[dict[str, Any], int]] = {}  # what check() found for a config, in this process
@@ -203,6 +222,7 @@ def check(values: dict[str, Any], new_run: bool = True) -> tuple[dict[str, Any],
                 "trainer.accelerator=mps: MPS is not available here; use trainer.accelerator=cpu or auto"
             )
         trainer["precision"] = choose_precision(trainer.get("precision"))
+        check_fsdp(values)
         world_size = probe_trainer(
             trainer_arguments(trainer), choose_strategy(trainer.get("strategy", "auto")), trainer["precision"]
         )
