@@ -135,14 +135,18 @@ class TextSamples(L.Callback):
 
 class LossCurve(L.Callback):
     """Keeps train and val loss against tokens seen and draws `loss.png` in the run folder when the
-    run ends. The history is part of the checkpoint, so a resumed run draws the whole curve."""
+    run ends. The history is part of the checkpoint, so a resumed run draws the whole curve.
+
+    Each step's training loss stays on the device until a logging step reads the losses of the steps
+    since the last in one go: a GPU step never waits for its loss to come back."""
 
     def __init__(self, path: Path, tokens_per_step: int):
         self.path = Path(path)
         self.tokens_per_step = tokens_per_step
         self.train: list[tuple[float, float]] = []
         self.val: list[tuple[float, float]] = []
-        self.pending: list[float] = []  # micro-batch losses of the optimizer step under way
+        self.pending: list[torch.Tensor] = []  # micro-batch losses of the optimizer step under way
+        self.unread: list[tuple[float, torch.Tensor]] = []  # (tokens seen, mean loss) of steps not yet read
         self.last_step = 0
 
     def on_train_start(self, trainer, pl_module) -> None:
@@ -152,12 +156,22 @@ class LossCurve(L.Callback):
         loss = outputs["loss"] if isinstance(outputs, dict) else outputs
         if loss is None or not trainer.is_global_zero:
             return
-        self.pending.append(float(loss))
+        self.pending.append(loss.detach())
         if trainer.global_step != self.last_step:  # an optimizer step just happened
             tokens = trainer.global_step * self.tokens_per_step
-            self.train.append((tokens, sum(self.pending) / len(self.pending)))
+            mean = self.pending[0] if len(self.pending) == 1 else torch.stack(self.pending).mean()
+            self.unread.append((tokens, mean))
             self.pending.clear()
             self.last_step = trainer.global_step
+            if logging_step(trainer, step_done=True):
+                self.read()
+
+    def read(self) -> None:
+        """The unread steps' losses into the history, with one transfer from the device."""
+        if self.unread:
+            losses = torch.stack([loss.float() for _, loss in self.unread]).tolist()
+            self.train.extend((tokens, loss) for (tokens, _), loss in zip(self.unread, losses, strict=True))
+            self.unread.clear()
 
     def on_validation_end(self, trainer, pl_module) -> None:
         loss = trainer.callback_metrics.get("val/loss")
@@ -165,10 +179,12 @@ class LossCurve(L.Callback):
             self.val.append((trainer.global_step * self.tokens_per_step, float(loss)))
 
     def on_fit_end(self, trainer, pl_module) -> None:
+        self.read()
         if trainer.is_global_zero and (self.train or self.val):
             draw_loss_curve(self.path, self.train, self.val, title=self.path.parent.name)
 
     def state_dict(self) -> dict[str, Any]:
+        self.read()
         return {"train": self.train, "val": self.val}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

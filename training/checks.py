@@ -101,9 +101,14 @@ class Text:
 
 @dataclass(frozen=True)
 class Flag:
+    optional: bool = False  # null allowed: chosen by the program
+
     def check(self, key: str, value: Any) -> None:
+        if value is None and self.optional:
+            return
         if not isinstance(value, bool):
-            raise SettingError(f"{key} must be true or false, got {shown(value)}")
+            either = "true, false or null" if self.optional else "true or false"
+            raise SettingError(f"{key} must be {either}, got {shown(value)}")
 
 
 @dataclass(frozen=True)
@@ -248,7 +253,7 @@ SPEC: dict[str, Any] = {
     "latest_link": Text(optional=True),
     "init_from": Text(optional=True),
     "tokens_per_step": Number(whole=True, min=1, optional=True),
-    "compile": Flag(),
+    "compile": Flag(optional=True),
     "checkpoint.every_n_steps": STEPS,
     "checkpoint.keep": STEPS,
     "samples.enabled": Flag(),

@@ -70,8 +70,11 @@ class GPTModule(L.LightningModule):
         self.model = GPT(model_config)
         self.optim = dict(optim)
         self.max_nonfinite_in_a_row = int(self.optim["max_nonfinite_in_a_row"])
-        self.nonfinite_in_a_row = 0
+        self.nonfinite_in_a_row = 0  # as last read back from the device (see settle_nonfinite)
         self.skipped_steps = 0
+        # on the device: updates skipped, non-finite steps in a row, the longest such run since the last read
+        self.nonfinite = torch.zeros(3)
+        self.settled_step = 0  # the counts of the optimizer steps up to this one have been read
         self.parameters_list: list[torch.nn.Parameter] | None = None
         self.sharded = False  # whether configure_model sharded the model (trainer.strategy=fsdp)
         self.train_values: dict[str, Any] = {}  # this step's values for the loggers (see log_train)
@@ -209,13 +212,20 @@ class GPTModule(L.LightningModule):
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
         """Clip by global norm and log the norm before clipping (one norm computation for both).
 
-        A non-finite norm (a NaN or inf loss, or an overflow) drops the step's gradients, so AdamW
-        leaves the weights and its moments as they were. Gradients are averaged across processes
-        before this point, so every process makes the same decision. Sharded, each process holds a
-        shard of every gradient (a DTensor) and the norm over its shards is partial: full_tensor()
-        completes it across processes, so each clips by, and decides on, the norm of the whole
-        gradient. Value clipping (trainer.gradient_clip_algorithm=value) is checked the same way,
-        then clipped by Lightning.
+        A non-finite norm (a NaN or inf loss, or an overflow) skips the step's update: the weights and
+        the optimizer's moments and step count stay as they were. Gradients are averaged across
+        processes before this point, so every process makes the same decision. Sharded, each process
+        holds a shard of every gradient (a DTensor) and the norm over its shards is partial:
+        full_tensor() completes it across processes, so each clips by, and decides on, the norm of
+        the whole gradient. Value clipping (trainer.gradient_clip_algorithm=value) is checked the same
+        way, then clipped by Lightning.
+
+        The decision is made on the device, so that a GPU step never waits for its loss to come back:
+        fused AdamW takes it as its `found_inf` flag (the input GradScaler uses) and skips the update
+        in its own kernel. Optimizers without that input (optim=muon; AdamW where no fused kernel
+        exists) are given no gradients instead, which needs the decision on the host (a wait for the
+        GPU). The counts of skipped steps come back on logging steps (trainer.log_every_n_steps) and
+        checkpoints: see settle_nonfinite.
         """
         if self.parameters_list is None:  # walking the module tree each step costs more than the norm of a small model
             self.parameters_list = list(self.model.parameters())
@@ -223,29 +233,57 @@ class GPTModule(L.LightningModule):
         norm = torch.nn.utils.get_total_norm([p.grad for p in params])
         if self.sharded:
             norm = norm.full_tensor()
-        if not torch.isfinite(norm):
-            self.skip_step(optimizer)
-            return
-        self.nonfinite_in_a_row = 0
+        finite = torch.isfinite(norm)
+        self.count_nonfinite(finite)
+        inner = getattr(optimizer, "_optimizer", optimizer)  # Lightning's wrapper, or the optimizer itself
+        if takes_found_inf(inner):
+            inner.found_inf = (~finite).float()
+        elif not finite:
+            for group in optimizer.param_groups:
+                for param in group["params"]:
+                    param.grad = None  # AdamW and Muon skip parameters without a gradient
+        if logging_step(self.trainer):
+            self.settle_nonfinite(self.trainer.global_step + 1)  # through the step under way
         if gradient_clip_algorithm not in (None, "norm"):
             super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
         elif gradient_clip_val:
-            torch.nn.utils.clip_grads_with_norm_(params, gradient_clip_val, norm)
+            torch.nn.utils.clip_grads_with_norm_(params, gradient_clip_val, norm)  # a skipped step's: no matter
         if logging_step(self.trainer):
             self.log_train("train/grad_norm", norm)
 
-    def skip_step(self, optimizer) -> None:
-        for group in optimizer.param_groups:
-            for param in group["params"]:
-                param.grad = None  # AdamW skips parameters without a gradient
-        self.skipped_steps += 1
-        self.nonfinite_in_a_row += 1
-        step = self.trainer.global_step + 1
-        log.warning("step %d: the loss or its gradient is not finite; this update is skipped", step)
-        self.log_train("train/skipped_steps", float(self.skipped_steps))
-        if self.nonfinite_in_a_row >= self.max_nonfinite_in_a_row:
+    def count_nonfinite(self, finite: torch.Tensor) -> None:
+        """Counts this step on the device: updates skipped, non-finite steps in a row, and the longest
+        such run since the counts were last read."""
+        counts = self.nonfinite.to(finite.device)
+        bad = (~finite).to(counts.dtype)
+        in_a_row = (counts[1] + 1) * bad
+        self.nonfinite = torch.stack([counts[0] + bad, in_a_row, torch.maximum(counts[2], in_a_row)])
+
+    def settle_nonfinite(self, step: int) -> None:
+        """Reads back the counts through optimizer step `step` (the one wait for the device they
+        cost): warns of updates skipped since the last read, logs their total, and stops the run when
+        optim.max_nonfinite_in_a_row steps in a row were not finite."""
+        if step <= self.settled_step:
+            return
+        skipped, in_a_row, longest = (int(v) for v in self.nonfinite.tolist())
+        since, self.settled_step = self.settled_step + 1, step
+        self.nonfinite[2] = self.nonfinite[1]  # the longest run from here on starts with the current one
+        new = skipped - self.skipped_steps
+        self.skipped_steps, self.nonfinite_in_a_row = skipped, in_a_row
+        if new:
+            if since == step:
+                log.warning("step %d: the loss or its gradient is not finite; this update is skipped", step)
+            else:
+                log.warning(
+                    "steps %d-%d: %d of their updates skipped, as the loss or its gradient was not finite",
+                    since,
+                    step,
+                    new,
+                )
+            self.log_train("train/skipped_steps", float(skipped))
+        if longest >= self.max_nonfinite_in_a_row:
             raise TrainingDiverged(
-                f"training diverged: {self.nonfinite_in_a_row} steps in a row (up to step {step}) had a non-finite "
+                f"training diverged: {longest} steps in a row (up to step {step}) had a non-finite "
                 f"loss; the checkpoints written so far hold the last good weights. Lower optim.lr, or raise "
                 f"optim.max_nonfinite_in_a_row to wait longer"
             )
@@ -253,6 +291,8 @@ class GPTModule(L.LightningModule):
     # ---- checkpoints -----------------------------------------------------------------------------
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if self._trainer is not None:
+            self.settle_nonfinite(self.trainer.global_step)  # the counts up to now, into the checkpoint
         bad = self.nonfinite_parameter()
         if bad is not None:  # never a checkpoint of broken weights: the ones written so far stay the newest
             raise TrainingDiverged(
@@ -280,6 +320,8 @@ class GPTModule(L.LightningModule):
             set_rng_states(checkpoint["rng_states"])
         counts = checkpoint.get("nonfinite", {})
         self.skipped_steps, self.nonfinite_in_a_row = counts.get("skipped", 0), counts.get("in_a_row", 0)
+        self.nonfinite = torch.tensor([self.skipped_steps, self.nonfinite_in_a_row, self.nonfinite_in_a_row])
+        self.settled_step = checkpoint.get("global_step", 0)
 
     @classmethod
     def load_from_checkpoint(
@@ -306,6 +348,12 @@ class GPTModule(L.LightningModule):
         return super().load_from_checkpoint(
             path, map_location, hparams_file, strict, weights_only, **{**described, **kwargs}
         )
+
+
+def takes_found_inf(optimizer) -> bool:
+    """Whether the optimizer skips its update on a device-side flag: fused Adam and AdamW, whose
+    kernel reads `found_inf` (and leaves the weights, the moments and the step count alone when set)."""
+    return isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW) and bool(optimizer.defaults.get("fused"))
 
 
 def shard(model: GPT, mesh, precision: str) -> None:
