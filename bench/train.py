@@ -11,7 +11,8 @@ by 10-20% from minute to minute, far more than the 3% this measures, and runs ta
 other compare that noise. train.py's step time is everything between two bare steps.
 
 Reports tokens per second of each over the steps after a warm-up, their ratio (target >= 0.97),
-model FLOPs utilisation against a matmul peak measured here, and compile=true against eager.
+model FLOPs utilisation against the CPU peak train.py's train/mfu uses (the larger of the theoretical
+fp32 rate and the fastest rate seen on this machine), and compile=true against eager.
 """
 
 from __future__ import annotations
@@ -156,9 +157,9 @@ def main() -> None:
     args = parser.parse_args()
     repeats = args.repeats or (1 if args.quick else 2)
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)  # "GPU available: False", ...
-    peak = cpu_peak_flops()  # measured again, and the best so far on this machine kept, as train.py's train/mfu
+    peak = cpu_peak_flops()  # train.py's train/mfu peak: max(theoretical fp32 rate, fastest rate seen on this machine)
     print(
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads; fp32 matmul peak, best measured here: {peak / 1e9:.0f} GFLOP/s"
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads; CPU peak for MFU (the larger of the theoretical fp32 rate and the fastest seen here): {peak / 1e9:.0f} GFLOP/s"
     )
     print("train.py's steps and the bare loop's alternate one by one in each run; tokens/s over the steps after")
     print("the warm-up. compiled: train.py with compile=true, its bare loop eager as always; vs eager compares")
