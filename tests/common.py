@@ -1,14 +1,21 @@
-"""Paths and settings the tests share."""
+"""What the tests share: paths and settings, the text and data they make, the scripts run as a user
+runs them, and what they read back from runs and checkpoints. Fixtures live in conftest.py and tiny.py."""
 
 from __future__ import annotations
 
+import csv
 import functools
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
+import torch
 from omegaconf import OmegaConf
 
 ROOT = Path(__file__).resolve().parents[1]
+SHAKESPEARE_CHARS = 1_115_394  # the length of Tiny Shakespeare's input.txt
 
 # The default data settings (data.cache_dir, data.local_copies), as train.py composes them
 SHAKESPEARE_DEFAULTS = OmegaConf.load(ROOT / "configs" / "data" / "shakespeare.yaml")
@@ -35,8 +42,8 @@ def find_tiny_shakespeare() -> Path | None:
     return Path(found) if found else None
 
 
-# Overrides that make any composed config a tiny, quick CPU run.
-TINY = [
+# Overrides that make any composed config a tiny, quick CPU run (a 2-layer, 32-wide model).
+TINY_OVERRIDES = [
     "model.n_layer=2",
     "model.n_head=2",
     "model.n_embd=32",
@@ -53,8 +60,8 @@ TINY = [
     "latest_link=null",
 ]
 
-# Only the model and tokenizer of TINY, for presets that set the rest themselves.
-TINY_MODEL = TINY[:5]
+# Only the model and tokenizer of TINY_OVERRIDES, for presets that set the rest themselves.
+TINY_MODEL_OVERRIDES = TINY_OVERRIDES[:5]
 
 
 def data_config(cache_dir, **values):
@@ -79,8 +86,28 @@ def write_documents(folder: Path, text: str, count: int, chars: int = 25_000) ->
     return folder
 
 
+def stories(n: int, split: str = "train") -> list[str]:
+    """n short numbered documents, each naming its split."""
+    return [f"{split} story {i}: the cat sat on the mat, and the dog ran after a ball in the park." for i in range(n)]
+
+
+def hub_folder(parent: Path, rows: dict[str, int]) -> Path:
+    """A dataset folder as the Hugging Face Hub keeps one, a JSON Lines file of `rows[split]` stories a split."""
+    import datasets
+
+    folder = parent / "tiny_stories"
+    folder.mkdir()
+    for split, n in rows.items():
+        datasets.Dataset.from_dict({"text": stories(n, split)}).to_json(folder / f"{split}.jsonl", lines=True)
+    return folder
+
+
 def bpe_config(vocab_size: int = 300, **values):
     return OmegaConf.create({"kind": "bpe", "vocab_size": vocab_size, "max_train_chars": 10_000_000, **values})
+
+
+# The char tokenizer's settings: tokenizing with it is slow enough for a test to stop a preparation part way.
+CHAR_TOKENIZER = {"kind": "char"}
 
 
 def compose_config(*overrides: str):
@@ -91,19 +118,85 @@ def compose_config(*overrides: str):
         return compose("train", overrides=list(overrides))
 
 
-def run_script(*args: str, cwd: Path | None = None, timeout: int = 600, env: dict | None = None):
+def script_command(args: tuple[str, ...], cwd: Path) -> list[str]:
+    """The command line of a project script (train.py, ...) run from cwd: named by its full path from
+    another folder than the project's."""
+    script = args[0] if cwd.resolve() == ROOT else str(ROOT / args[0])
+    return [sys.executable, script, *args[1:]]
+
+
+def script_environment(env: dict | None, failpoint: str | None) -> dict:
+    """env, or else this process's environment less any TINYGPT2_FAILPOINT of its own; with failpoint
+    given, TINYGPT2_FAILPOINT set to it (training/failpoints.py)."""
+    if env is None:
+        env = {key: value for key, value in os.environ.items() if key != "TINYGPT2_FAILPOINT"}
+    return {**env, "TINYGPT2_FAILPOINT": failpoint} if failpoint else dict(env)
+
+
+def run_script(
+    *args: str, cwd: Path | None = None, timeout: int = 600, env: dict | None = None, failpoint: str | None = None
+) -> subprocess.CompletedProcess:
     """A script of the project (train.py, generate.py, ...) run as a user runs it, in a subprocess, in
     the current folder unless told: a test's own temporary folder (conftest.py), so that relative
-    paths such as outputs/ and outputs/latest land there, never in the checkout. From another folder
-    than the project's, the script is named by its full path."""
-    import subprocess
-    import sys
-
+    paths such as outputs/ and outputs/latest land there, never in the checkout."""
     cwd = Path(cwd or Path.cwd())
-    script = args[0] if cwd.resolve() == ROOT else str(ROOT / args[0])
     return subprocess.run(
-        [sys.executable, script, *args[1:]], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env
+        script_command(args, cwd),
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=script_environment(env, failpoint),
     )
+
+
+def start_script(
+    *args: str, cwd: Path | None = None, env: dict | None = None, failpoint: str | None = None, **popen
+) -> subprocess.Popen:
+    """A script of the project started as run_script runs it, left running: for tests that stop it."""
+    cwd = Path(cwd or Path.cwd())
+    return subprocess.Popen(
+        script_command(args, cwd), cwd=cwd, env=script_environment(env, failpoint), text=True, **popen
+    )
+
+
+def run_in_terminal(*args: str, cwd: Path | None = None, columns: int = 120, timeout: float = 600) -> tuple[int, str]:
+    """A script of the project run in a pseudo-terminal `columns` wide: its exit status and all it printed."""
+    import fcntl
+    import pty
+    import select
+    import struct
+    import termios
+
+    main, child = pty.openpty()
+    fcntl.ioctl(child, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
+    cwd = Path(cwd or Path.cwd())
+    proc = subprocess.Popen(
+        script_command(args, cwd),
+        cwd=cwd,
+        env=script_environment(None, None),
+        stdin=child,
+        stdout=child,
+        stderr=child,
+        close_fds=True,
+    )
+    os.close(child)
+    printed, deadline = bytearray(), time.time() + timeout
+    try:
+        while time.time() < deadline:
+            if select.select([main], [], [], 1.0)[0]:
+                try:
+                    chunk = os.read(main, 65536)
+                except OSError:  # the terminal's other end closed: the process is done
+                    break
+                if not chunk:
+                    break
+                printed += chunk
+    finally:
+        os.close(main)
+        if proc.poll() is None:
+            proc.kill()
+    return proc.wait(timeout=60), printed.decode("utf-8", errors="replace")
 
 
 def one_error_line(err: str) -> str:
@@ -127,3 +220,60 @@ def damaged_copy(source: Path, folder: Path, how: str) -> Path:
     else:
         target.write_text("this is not a checkpoint\n")
     return target
+
+
+# ---- what runs leave ------------------------------------------------------------------------------------
+
+
+def runs_under(runs_root: Path) -> list[Path]:
+    """The run folders under a runs_root (runs_root/<date>/<time>), each from the moment Hydra starts it."""
+    return sorted(p.parent.parent for p in runs_root.glob("*/*/.hydra/config.yaml"))
+
+
+def only_run(runs_root: Path) -> Path:
+    runs = runs_under(runs_root)
+    assert len(runs) == 1, f"expected one run folder under {runs_root}, found {runs}"
+    return runs[0]
+
+
+def checkpoint_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
+    return torch.load(checkpoint, weights_only=True)["state_dict"]
+
+
+def adam_moments(checkpoint: Path) -> list[torch.Tensor]:
+    """AdamW's two moments of every parameter, in the optimizer's order."""
+    state = torch.load(checkpoint, weights_only=True)["optimizer_states"][0]["state"]
+    return [t for moments in state.values() for t in (moments["exp_avg"], moments["exp_avg_sq"])]
+
+
+def assert_bit_equal(a: Path, b: Path) -> None:
+    """Two checkpoints hold the very same weights and AdamW moments."""
+    weights_a, weights_b = checkpoint_weights(a), checkpoint_weights(b)
+    assert weights_a.keys() == weights_b.keys()
+    for key in weights_a:
+        assert torch.equal(weights_a[key], weights_b[key]), f"{key} differs"
+    for moment_a, moment_b in zip(adam_moments(a), adam_moments(b), strict=True):
+        assert torch.equal(moment_a, moment_b)
+
+
+def train_losses(run: Path) -> dict[int, str]:
+    """The training loss logged at each step of a run's metrics.csv, as written; each step logged once."""
+    with open(run / "metrics.csv") as file:
+        rows = [row for row in csv.DictReader(file) if row.get("train/loss")]
+    steps = [int(row["step"]) for row in rows]
+    assert len(steps) == len(set(steps)), "a step was logged twice"
+    return {int(row["step"]): row["train/loss"] for row in rows}
+
+
+def snapshot(folder: Path, itself: bool = True) -> dict[str, tuple]:
+    """Every path under a folder, and the folder itself unless told, with what it is: a link and its
+    target, or its mode, size and time."""
+    if not folder.exists() and not folder.is_symlink():
+        return {}
+    paths = [folder] if folder.is_symlink() else [*([folder] if itself else []), *folder.rglob("*")]
+    seen = {}
+    for path in paths:
+        stat = path.lstat()
+        is_link = path.is_symlink()
+        seen[str(path)] = ("link", os.readlink(path)) if is_link else (stat.st_mode, stat.st_size, stat.st_mtime_ns)
+    return seen

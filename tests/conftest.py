@@ -18,10 +18,18 @@ os.environ["HF_HOME"] = str(_LIBRARY_CACHES / "huggingface")
 os.environ["HF_DATASETS_CACHE"] = str(_LIBRARY_CACHES / "huggingface" / "datasets")
 os.environ["MPLCONFIGDIR"] = str(_LIBRARY_CACHES / "matplotlib")
 
-from .common import NEEDS_SHAKESPEARE, PUT_SHAKESPEARE, ROOT, USER_CACHE, find_tiny_shakespeare  # noqa: E402  (after the environment above)
+from .common import (  # noqa: E402  (after the environment above)
+    NEEDS_SHAKESPEARE,
+    PUT_SHAKESPEARE,
+    ROOT,
+    SHAKESPEARE_CHARS,
+    USER_CACHE,
+    find_tiny_shakespeare,
+    snapshot,
+    write_documents,
+)
 from .tiny import tiny_gpt, tiny_run, tiny_text, tiny_tokenizer, transformers_folder  # noqa: E402, F401  (shared fixtures)
 
-SHAKESPEARE_CHARS = 1_115_394
 # Where the scripts write given relative paths (runs_root, latest_link, Hydra's sweep folder, and
 # Lightning's and wandb's own defaults), in the checkout and in the folder pytest was started in
 STARTED_IN = Path.cwd().resolve()
@@ -63,19 +71,6 @@ def in_a_folder_of_its_own(tmp_path, monkeypatch):
     """Every test runs in its own temporary folder, as a user runs the scripts in a folder of theirs:
     outputs/, outputs/latest and multirun/ land there (run_script starts its scripts there too)."""
     monkeypatch.chdir(tmp_path)
-
-
-def snapshot(folder: Path) -> dict[str, tuple]:
-    """Every path under a folder, with what it is: a link and its target, or a file's size and time."""
-    if not folder.exists() and not folder.is_symlink():
-        return {}
-    paths = [folder] if folder.is_symlink() else [folder, *folder.rglob("*")]
-    seen = {}
-    for path in paths:
-        stat = path.lstat()
-        is_link = path.is_symlink()
-        seen[str(path)] = ("link", os.readlink(path)) if is_link else (stat.st_mode, stat.st_size, stat.st_mtime_ns)
-    return seen
 
 
 def users_places() -> list[Path]:
@@ -140,3 +135,10 @@ def small_text(tmp_path_factory, full_text) -> Path:
     path = tmp_path_factory.mktemp("text") / f"{full_text.stem}_head.txt"
     path.write_text(full_text.read_text(encoding="utf-8")[:60_000], encoding="utf-8")
     return path
+
+
+@pytest.fixture(scope="session")
+def documents(tmp_path_factory, full_text) -> Path:
+    """A folder of 24 documents, the text's first 600,000 characters in parts of 25,000: a corpus that
+    tokenizes in many shards."""
+    return write_documents(tmp_path_factory.mktemp("documents"), full_text.read_text(encoding="utf-8"), 24)

@@ -13,11 +13,11 @@ import generate
 import train
 from data.tokenizer import train_char
 
-from .common import ROOT, TINY, damaged_copy, one_error_line, run_script
-from .tiny import write_checkpoint
+from .common import ROOT, TINY_OVERRIDES, damaged_copy, one_error_line, run_script
+from .tiny import train_tiny_gpt, write_checkpoint
 
 
-def refused(*args: str) -> str:
+def refused_command_line(*args: str) -> str:
     """train.py's one-line answer to a command line, checked the way train.py checks it."""
     problem = train.check_command_line(list(args))
     assert problem is not None, f"{args} was accepted"
@@ -90,7 +90,7 @@ def test_each_readme_row_for_train_py(label, tmp_path, monkeypatch):
         pytest.skip("this machine has a GPU")
     monkeypatch.chdir(tmp_path)  # relative paths (outputs/nope) are the user's, in a fresh folder
     args, expected = README_ROWS[label]
-    line = refused(*[a.replace("train.py", str(ROOT / "train.py")) for a in args])
+    line = refused_command_line(*[a.replace("train.py", str(ROOT / "train.py")) for a in args])
     if expected.endswith("..."):
         assert line.startswith(expected[:-3])
     else:
@@ -197,7 +197,7 @@ BAD_SETTINGS = [
 
 @pytest.mark.parametrize("args, message", BAD_SETTINGS, ids=[" ".join(a) for a, _ in BAD_SETTINGS])
 def test_bad_settings_of_every_kind_are_refused_in_one_line(args, message):
-    assert message in refused(*args)
+    assert message in refused_command_line(*args)
 
 
 def test_good_settings_of_the_same_kinds_are_accepted():
@@ -224,7 +224,7 @@ def test_good_settings_of_the_same_kinds_are_accepted():
 def test_block_size_above_what_the_checkpoint_has(tiny_run, small_text, tmp_path):
     proc = run_script(
         "train.py",
-        *[a for a in TINY if not a.startswith("model.")],
+        *[a for a in TINY_OVERRIDES if not a.startswith("model.")],
         f"data.path={small_text}",
         f"init_from={tiny_run}",
         "model.block_size=4096",
@@ -240,7 +240,7 @@ def test_block_size_above_what_the_checkpoint_has(tiny_run, small_text, tmp_path
 def test_run_folder_that_cannot_be_written(tmp_path):
     blocker = tmp_path / "notes.txt"
     blocker.write_text("a file")
-    assert refused(f"hydra.run.dir={blocker}/run") == (
+    assert refused_command_line(f"hydra.run.dir={blocker}/run") == (
         f"hydra.run.dir={blocker}/run: {blocker} is a file, not a folder; choose a folder you can write to"
     )
 
@@ -250,7 +250,7 @@ def test_run_folder_of_the_users_own_files(tmp_path):
     mine.mkdir()
     (mine / "notes.txt").write_text("mine")
     (mine / "config.yaml").write_text("my: own\n")
-    assert refused(f"hydra.run.dir={mine}") == (
+    assert refused_command_line(f"hydra.run.dir={mine}") == (
         f"hydra.run.dir={mine} holds files that are not a run's (config.yaml, notes.txt); a run writes config.yaml, "
         "metrics.csv, checkpoints/ and more there, so choose a new or empty folder"
     )
@@ -271,7 +271,7 @@ def test_train_py_refuses_in_one_line_and_makes_nothing(args, small_text, tmp_pa
     cache = tmp_path / "cache"
     env = {**os.environ, "TINYGPT2_CACHE": str(cache)}
     data = [] if args[0] == "data=text" else [f"data.path={small_text}"]
-    proc = run_script("train.py", *TINY, *data, *args, cwd=tmp_path, env=env)
+    proc = run_script("train.py", *TINY_OVERRIDES, *data, *args, cwd=tmp_path, env=env)
     assert proc.returncode == 1
     one_error_line(proc.stderr)
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # no run folder, no cache entry, no latest link
@@ -281,8 +281,6 @@ def test_train_py_refuses_in_one_line_and_makes_nothing(args, small_text, tmp_pa
 
 
 def test_prompt_with_characters_the_char_tokenizer_never_saw(tiny_text, tmp_path, capsys):
-    from .tiny import train_tiny_gpt
-
     tokenizer = train_char([tiny_text])
     ckpt = write_checkpoint(tmp_path / "char.ckpt", train_tiny_gpt(tokenizer, tiny_text, steps=1), tokenizer)
     assert generate.main(["--ckpt", str(ckpt), "--prompt", "ROMEO: café ☕ café", "--max-new-tokens", "5"]) == 1
@@ -348,7 +346,7 @@ def test_a_sample_prompt_the_tokenizer_cannot_take_is_refused_before_training(sm
     """generate.py refuses a prompt with characters a char tokenizer never saw; the samples written
     during training use the same encoding, so train.py refuses such a samples.prompts at once."""
     env = {**os.environ, "TINYGPT2_CACHE": str(tmp_path / "cache")}
-    tiny = [a for a in TINY if not a.startswith("tokenizer.")]
+    tiny = [a for a in TINY_OVERRIDES if not a.startswith("tokenizer.")]
     proc = run_script(
         "train.py",
         *tiny,

@@ -4,8 +4,6 @@ no traceback, nothing generated, written or overwritten."""
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +13,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 import export
 import generate
 
-from .common import ROOT, damaged_copy, one_error_line
+from .common import damaged_copy, one_error_line, run_script
 from .tiny import train_tiny_gpt, write_checkpoint
 
 
@@ -112,9 +110,7 @@ def test_generate_py_missing_checkpoint(tmp_path, capsys, monkeypatch):
 def test_generate_py_as_a_program_prints_no_traceback(tiny_run, tmp_path):
     damaged = damaged_copy(tiny_run / "checkpoints" / "last.ckpt", tmp_path, "truncated")
     for args in (["--ckpt", str(damaged)], ["--ckpt", str(tiny_run), "--top-p", "2"]):
-        proc = subprocess.run(
-            [sys.executable, "generate.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=300
-        )
+        proc = run_script("generate.py", *args, timeout=300)
         assert proc.returncode == 1 and proc.stdout == ""
         one_error_line(proc.stderr)
 

@@ -19,7 +19,7 @@ from data.files import expand_paths
 from data.sources import describe
 from data.tokenizer import EOT, train_bpe
 
-from .common import bpe_config, data_config
+from .common import SHAKESPEARE_CHARS, bpe_config, data_config, hub_folder, stories
 
 
 def prepared(tmp_path, block_size=8, tokenizer=None, **data):
@@ -76,7 +76,7 @@ def walk_items(corpus):
 def test_character_split_is_ninety_ten_like_char_rnn(tmp_path, shakespeare):
     dm = prepared(tmp_path, source="shakespeare", path=str(shakespeare))
     text = shakespeare.read_text(encoding="utf-8")
-    assert len(text) == 1_115_394
+    assert len(text) == SHAKESPEARE_CHARS
     n_train = int(len(text) * 0.9)
     assert dm.tokenizer.decode(dm.cache.ids("train").tolist()) == text[:n_train]
     assert dm.tokenizer.decode(dm.cache.ids("val").tolist()) == text[n_train:]
@@ -186,31 +186,18 @@ def test_validation_files_replace_the_fraction(tmp_path, small_text):
     assert dm.tokenizer.decode(dm.cache.ids("val").tolist()) == val.read_text()
 
 
-def hub_folder(tmp_path, splits=("train", "validation"), rows=60):
-    folder = tmp_path / "tiny_stories"
-    folder.mkdir()
-    for split in splits:
-        texts = [f"{split} story {i}: a cat sat on a mat and then it ran away." for i in range(rows)]
-        datasets.Dataset.from_dict({"text": texts}).to_json(folder / f"{split}.jsonl", lines=True)
-    return folder
-
-
 @pytest.mark.parametrize("streaming", [False, True])
 def test_hub_dataset_validates_on_its_validation_split(tmp_path, streaming):
-    folder = hub_folder(tmp_path)
+    folder = hub_folder(tmp_path, {"train": 60, "validation": 60})
     dm = prepared(tmp_path, source="hub", name=str(folder), split="train", val_split="auto", streaming=streaming)
-    assert documents_of(dm, "train") == [
-        f"train story {i}: a cat sat on a mat and then it ran away." for i in range(60)
-    ]
-    assert documents_of(dm, "val") == [
-        f"validation story {i}: a cat sat on a mat and then it ran away." for i in range(60)
-    ]
+    assert documents_of(dm, "train") == stories(60, "train")
+    assert documents_of(dm, "val") == stories(60, "validation")
 
 
 def test_hub_dataset_without_a_validation_split_uses_the_fraction(tmp_path):
-    folder = hub_folder(tmp_path, splits=("train",), rows=100)
+    folder = hub_folder(tmp_path, {"train": 100})
     whole = prepared(tmp_path, source="hub", name=str(folder), val_split="auto", streaming=False)
-    texts = [f"train story {i}: a cat sat on a mat and then it ran away." for i in range(100)]
+    texts = stories(100)
     assert (documents_of(whole, "train"), documents_of(whole, "val")) == reference_split(texts, 0.1)
     streamed = prepared(tmp_path, source="hub", name=str(folder), val_split="auto", streaming=True)
     assert documents_of(streamed, "val") == texts[9::10]

@@ -22,7 +22,7 @@ from data.cache import find_cache
 from data.datamodule import TextDataModule
 from data.tokenizer import EOT
 
-from .common import ROOT, TINY, bpe_config, data_config, one_error_line, run_script, write_documents
+from .common import CHAR_TOKENIZER, ROOT, TINY_OVERRIDES, bpe_config, data_config, one_error_line, run_script
 
 
 def datamodule(cache_dir, path, tokenizer=None, progress=None, **data):
@@ -33,12 +33,6 @@ def datamodule(cache_dir, path, tokenizer=None, progress=None, **data):
 def entries(cache_dir):
     tokens = cache_dir / "tokens"
     return sorted(p.name for p in tokens.iterdir() if not p.name.startswith(".")) if tokens.is_dir() else []
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory, full_text):
-    """24 documents, 600 KB: enough for many shards."""
-    return write_documents(tmp_path_factory.mktemp("corpus"), full_text.read_text(encoding="utf-8"), 24)
 
 
 def test_second_preparation_reuses_the_cache(tmp_path, small_text, monkeypatch):
@@ -64,14 +58,14 @@ def test_changed_text_or_tokenizer_gets_a_new_cache_entry(tmp_path, small_text):
     assert changed.tokenizer.decode(changed.cache.ids("val").tolist()).endswith(" one more line")
 
 
-def test_processes_and_shard_sizes_do_not_change_the_ids(tmp_path, corpus):
-    one = datamodule(tmp_path / "a", corpus, num_proc=1).prepare()
-    many = datamodule(tmp_path / "b", corpus, num_proc=2, shard_chars=30_000).prepare()
+def test_processes_and_shard_sizes_do_not_change_the_ids(tmp_path, documents):
+    one = datamodule(tmp_path / "a", documents, num_proc=1).prepare()
+    many = datamodule(tmp_path / "b", documents, num_proc=2, shard_chars=30_000).prepare()
     assert np.array_equal(one.ids("train"), many.ids("train")) and np.array_equal(one.ids("val"), many.ids("val"))
     assert one.meta == many.meta
     # and they are the documents, each encoded whole, joined by end-of-text
-    tokenizer = datamodule(tmp_path / "a", corpus).tokenizer
-    texts = [p.read_text() for p in sorted(corpus.iterdir())]
+    tokenizer = datamodule(tmp_path / "a", documents).tokenizer
+    texts = [p.read_text() for p in sorted(documents.iterdir())]
     n_train_docs = int(sum(map(len, texts)) * 0.9) // 25_000
     expected = []
     for i, text in enumerate(texts[:n_train_docs]):
@@ -91,8 +85,8 @@ def jsonl_corpus(tmp_path_factory, full_text):
 
 
 @pytest.mark.parametrize("kind", ["txt", "jsonl"])
-def test_an_interrupted_preparation_resumes_where_it_stopped(tmp_path, corpus, jsonl_corpus, kind):
-    corpus = corpus if kind == "txt" else jsonl_corpus
+def test_an_interrupted_preparation_resumes_where_it_stopped(tmp_path, documents, jsonl_corpus, kind):
+    corpus = documents if kind == "txt" else jsonl_corpus
     clean = datamodule(tmp_path / "clean", corpus, num_proc=1).prepare()
 
     def stop_after_three(record):
@@ -120,7 +114,6 @@ def test_an_interrupted_preparation_resumes_where_it_stopped(tmp_path, corpus, j
     )
 
 
-CHAR = {"kind": "char"}  # slow enough to stop part way
 KILLABLE = """
 import sys
 sys.path.insert(0, {root!r})
@@ -133,8 +126,8 @@ TextDataModule(cfg, OmegaConf.create({char!r}), 32, 0, 1).prepare()
 
 
 @pytest.mark.slow
-def test_a_killed_preparation_resumes_and_a_half_written_shard_is_redone(tmp_path, corpus):
-    script = KILLABLE.format(root=str(ROOT), cache=str(tmp_path / "cache"), path=str(corpus), char=CHAR)
+def test_a_killed_preparation_resumes_and_a_half_written_shard_is_redone(tmp_path, documents):
+    script = KILLABLE.format(root=str(ROOT), cache=str(tmp_path / "cache"), path=str(documents), char=CHAR_TOKENIZER)
     proc = subprocess.Popen([sys.executable, "-c", script], start_new_session=True, stderr=subprocess.PIPE)
     shards = tmp_path / "cache" / "tokens"
     deadline = time.monotonic() + 120
@@ -145,17 +138,17 @@ def test_a_killed_preparation_resumes_and_a_half_written_shard_is_redone(tmp_pat
     assert proc.returncode == -signal.SIGKILL, proc.stderr.read().decode()[-2000:]
     assert entries(tmp_path / "cache") == [next(shards.glob("*.partial")).name]
     done = sorted((next(shards.glob("*.partial")) / "shards").glob("*.json"))
-    assert 3 <= len(done) < 24  # the corpus makes 24 shards
+    assert 3 <= len(done) < 24  # the documents make 24 shards
 
     (staging,) = shards.glob("*.partial")
     next_bin = staging / "shards" / f"{len(done):06d}.train.bin"
     next_bin.write_bytes(b"\x01\x02\x03")  # a shard cut off part way, without its record
 
     encoded = []
-    char = OmegaConf.create(CHAR)
-    resumed = datamodule(tmp_path / "cache", corpus, char, encoded.append, num_proc=2, shard_chars=20_000).prepare()
+    char = OmegaConf.create(CHAR_TOKENIZER)
+    resumed = datamodule(tmp_path / "cache", documents, char, encoded.append, num_proc=2, shard_chars=20_000).prepare()
     assert encoded[0]["index"] == len(done)
-    clean = datamodule(tmp_path / "clean", corpus, char, num_proc=1).prepare()
+    clean = datamodule(tmp_path / "clean", documents, char, num_proc=1).prepare()
     assert np.array_equal(resumed.ids("train"), clean.ids("train")) and np.array_equal(
         resumed.ids("val"), clean.ids("val")
     )
@@ -176,10 +169,10 @@ def prepare_in_process(cache_dir, path, results):
     results.put((os.getpid(), bool(built), cache.folder.name, int(cache.ids("train").sum())))
 
 
-def test_only_one_process_prepares_the_others_wait_and_read(tmp_path, corpus):
+def test_only_one_process_prepares_the_others_wait_and_read(tmp_path, documents):
     context = multiprocessing.get_context("fork")
     results = context.Queue()
-    procs = [context.Process(target=prepare_in_process, args=(tmp_path, corpus, results)) for _ in range(3)]
+    procs = [context.Process(target=prepare_in_process, args=(tmp_path, documents, results)) for _ in range(3)]
     for p in procs:
         p.start()
     outcomes = [results.get(timeout=300) for _ in procs]
@@ -260,11 +253,11 @@ def test_train_py_rebuilds_a_truncated_entry_and_trains_on_all_of_it(tmp_path, s
     """As a user meets it: the cache entry a run made is cut short, and the next run says so and
     trains on the whole text, with the same number of tokens as the first."""
     env = {**os.environ, "TINYGPT2_CACHE": str(tmp_path / "cache")}
-    first = run_script("train.py", *TINY, f"data.path={small_text}", cwd=tmp_path, env=env)
+    first = run_script("train.py", *TINY_OVERRIDES, f"data.path={small_text}", cwd=tmp_path, env=env)
     assert first.returncode == 0, first.stderr[-2000:]
     (entry,) = (tmp_path / "cache" / "tokens").glob("*/train.bin")
     entry.write_bytes(entry.read_bytes()[:1000])
-    second = run_script("train.py", *TINY, f"data.path={small_text}", cwd=tmp_path, env=env)
+    second = run_script("train.py", *TINY_OVERRIDES, f"data.path={small_text}", cwd=tmp_path, env=env)
     assert second.returncode == 0, second.stderr[-2000:]
     damaged = [line for line in (second.stdout + second.stderr).splitlines() if "is damaged" in line]
     assert len(damaged) == 1 and f"entry {entry.parent} is damaged: train.bin holds 1,000 bytes" in damaged[0]
@@ -274,8 +267,10 @@ def test_train_py_rebuilds_a_truncated_entry_and_trains_on_all_of_it(tmp_path, s
 
 @pytest.mark.slow
 def test_a_full_disk_while_writing_the_cache_is_one_line_and_the_work_is_kept(tmp_path, small_text):
-    env = {**os.environ, "TINYGPT2_CACHE": str(tmp_path / "cache"), "TINYGPT2_FAILPOINT": "cache_enospc:1"}
-    proc = run_script("train.py", *TINY, f"data.path={small_text}", cwd=tmp_path, env=env)
+    env = {**os.environ, "TINYGPT2_CACHE": str(tmp_path / "cache")}
+    proc = run_script(
+        "train.py", *TINY_OVERRIDES, f"data.path={small_text}", cwd=tmp_path, env=env, failpoint="cache_enospc:1"
+    )
     assert proc.returncode == 1
     line = one_error_line(proc.stderr)
     (staging,) = (tmp_path / "cache" / "tokens").glob("*.partial")
@@ -284,7 +279,7 @@ def test_a_full_disk_while_writing_the_cache_is_one_line_and_the_work_is_kept(tm
         f"the partial entry {staging} ("
     )
     assert "MB) is kept" in line and line.endswith("or set data.cache_dir to a disk with room")
-    del env["TINYGPT2_FAILPOINT"]  # space again: the next run goes on from the kept shards
-    again = run_script("train.py", *TINY, f"data.path={small_text}", cwd=tmp_path, env=env)
+    # space again: the next run goes on from the kept shards
+    again = run_script("train.py", *TINY_OVERRIDES, f"data.path={small_text}", cwd=tmp_path, env=env)
     assert again.returncode == 0 and "resuming: " in again.stdout + again.stderr
     assert not staging.exists()

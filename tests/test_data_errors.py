@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import datasets
 import huggingface_hub
 import pytest
@@ -13,10 +10,10 @@ from omegaconf import OmegaConf
 from data import DataError
 from data.datamodule import TextDataModule
 
-from .common import ROOT, TINY, bpe_config, data_config
+from .common import TINY_OVERRIDES, bpe_config, data_config, hub_folder, run_script
 
 
-def refused(tmp_path, tokenizer=None, block_size=32, tokenized=False, **data) -> str:
+def refused_preparation(tmp_path, tokenizer=None, block_size=32, tokenized=False, **data) -> str:
     """Prepare with these settings; return the DataError's message, after checking it is one line and
     that the cache holds nothing half-made (nor anything at all, unless the error came after tokenizing)."""
     dm = TextDataModule(data_config(tmp_path / "cache", **data), tokenizer or bpe_config(), block_size, 0, 1)
@@ -34,28 +31,31 @@ def refused(tmp_path, tokenizer=None, block_size=32, tokenized=False, **data) ->
 
 
 def test_missing_path(tmp_path):
-    message = refused(tmp_path, path=str(tmp_path / "missing.txt"))
+    message = refused_preparation(tmp_path, path=str(tmp_path / "missing.txt"))
     assert message == f"data.path {tmp_path / 'missing.txt'} does not exist; give a file, a folder or a glob"
 
 
 def test_glob_that_matches_nothing(tmp_path):
-    assert "matches no files; check the pattern" in refused(tmp_path, path=str(tmp_path / "nothing-*.txt"))
+    assert "matches no files; check the pattern" in refused_preparation(tmp_path, path=str(tmp_path / "nothing-*.txt"))
 
 
 def test_no_path_at_all(tmp_path):
-    assert refused(tmp_path, path=None).startswith("data=text needs data.path")
+    assert refused_preparation(tmp_path, path=None).startswith("data=text needs data.path")
 
 
 def test_empty_file(tmp_path):
     empty = tmp_path / "empty.txt"
     empty.write_text("")
-    assert refused(tmp_path, path=str(empty)) == f"data.path file {empty} is empty; give a file with text in it"
+    assert (
+        refused_preparation(tmp_path, path=str(empty))
+        == f"data.path file {empty} is empty; give a file with text in it"
+    )
 
 
 def test_files_that_hold_only_blank_lines(tmp_path):
     blank = tmp_path / "blank.txt"
     blank.write_text("\n\n\n")
-    assert refused(tmp_path, path=str(blank), one_document_per="line") == f"{blank} holds no text"
+    assert refused_preparation(tmp_path, path=str(blank), one_document_per="line") == f"{blank} holds no text"
 
 
 @pytest.mark.parametrize("suffix", ["txt", "jsonl", "csv"])
@@ -71,7 +71,7 @@ def test_a_file_that_is_not_utf8_is_named_with_the_place(tmp_path, small_text, s
         )
     else:
         path.write_bytes(b'text\n"' + body.replace('"', "'").encode("latin-1", "replace") + b'"\n')
-    message = refused(tmp_path, path=str(path))
+    message = refused_preparation(tmp_path, path=str(path))
     assert message.startswith(f"{path} is not UTF-8 text: byte ") and "is 0xe9" in message
     assert "data.errors=replace" in message
     if suffix == "txt":
@@ -87,7 +87,7 @@ def test_a_bad_byte_past_the_first_block_is_placed_exactly(tmp_path):
     at = 24 * 62_500  # the start of line 62501, past the first block
     path = tmp_path / "big.txt"
     path.write_bytes(good * 62_500 + b"\xff" + good * 20_000)
-    assert f"byte {at} (line 62501) is 0xff" in refused(tmp_path, path=str(path))
+    assert f"byte {at} (line 62501) is 0xff" in refused_preparation(tmp_path, path=str(path))
 
 
 @pytest.mark.parametrize("fmt", ["jsonl", "csv", "parquet"])
@@ -99,7 +99,7 @@ def test_a_text_column_that_does_not_exist_lists_the_ones_that_do(tmp_path, fmt)
         "csv": lambda: table.to_csv(path),
         "parquet": lambda: table.to_parquet(path),
     }[fmt]()
-    message = refused(tmp_path, path=str(path))  # text_column defaults to "text"
+    message = refused_preparation(tmp_path, path=str(path))  # text_column defaults to "text"
     assert message == (
         f"data.text_column='text' is not a column of {path}; its columns are title, body; "
         "set data.text_column to the one that holds the text"
@@ -109,10 +109,10 @@ def test_a_text_column_that_does_not_exist_lists_the_ones_that_do(tmp_path, fmt)
 def test_a_file_that_is_not_what_its_extension_says(tmp_path):
     path = tmp_path / "broken.jsonl"
     path.write_text('{"text": "fine"}\n{"text": not json\n')
-    assert refused(tmp_path, path=str(path)).startswith(f"{path} cannot be read as json: ")
+    assert refused_preparation(tmp_path, path=str(path)).startswith(f"{path} cannot be read as json: ")
     fake = tmp_path / "fake.parquet"
     fake.write_text("plain text, not parquet")
-    assert refused(tmp_path, path=str(fake)).startswith(
+    assert refused_preparation(tmp_path, path=str(fake)).startswith(
         f"{fake} cannot be read as parquet: Parquet magic bytes not found"
     )
 
@@ -120,17 +120,19 @@ def test_a_file_that_is_not_what_its_extension_says(tmp_path):
 def test_a_text_column_of_numbers(tmp_path):
     path = tmp_path / "numbers.jsonl"
     datasets.Dataset.from_dict({"text": list(range(100))}).to_json(path, lines=True)
-    assert refused(tmp_path, path=str(path)) == f"data.text_column='text' of {path} holds int values, not text"
+    assert (
+        refused_preparation(tmp_path, path=str(path)) == f"data.text_column='text' of {path} holds int values, not text"
+    )
 
 
 def test_validation_part_shorter_than_a_window(tmp_path, small_text):
-    message = refused(tmp_path, path=str(small_text), block_size=20_000, tokenized=True)
+    message = refused_preparation(tmp_path, path=str(small_text), block_size=20_000, tokenized=True)
     assert message.startswith("the val split has ") and "fewer than block_size + 1 = 20001" in message
     assert "data.val_fraction" in message and "model.block_size" in message
 
 
 def test_vocabulary_too_small_for_the_byte_alphabet(tmp_path, small_text):
-    message = refused(tmp_path, bpe_config(vocab_size=200), path=str(small_text))
+    message = refused_preparation(tmp_path, bpe_config(vocab_size=200), path=str(small_text))
     assert message == (
         "tokenizer.vocab_size=200 is too small: byte-level BPE needs 256 byte tokens plus <|endoftext|>, so at least 257"
     )
@@ -139,16 +141,16 @@ def test_vocabulary_too_small_for_the_byte_alphabet(tmp_path, small_text):
 def test_hub_dataset_while_offline(tmp_path, monkeypatch):
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    message = refused(tmp_path, source="hub", name="roneneldan/TinyStories", split="train", val_split="auto")
+    message = refused_preparation(
+        tmp_path, source="hub", name="roneneldan/TinyStories", split="train", val_split="auto"
+    )
     assert message.startswith("data.name=roneneldan/TinyStories: the Hugging Face Hub cannot be reached (offline?)")
     assert "local dataset folder" in message and "data=text data.path=" in message
 
 
 def test_hub_split_that_does_not_exist(tmp_path):
-    folder = tmp_path / "ds"
-    folder.mkdir()
-    datasets.Dataset.from_dict({"text": ["a story " * 20] * 30}).to_json(folder / "train.jsonl", lines=True)
-    message = refused(tmp_path, source="hub", name=str(folder), split="train", val_split="validation")
+    folder = hub_folder(tmp_path, {"train": 30})
+    message = refused_preparation(tmp_path, source="hub", name=str(folder), split="train", val_split="validation")
     assert message.startswith(f"data.val_split=validation is not a split of {folder}; it has train")
 
 
@@ -156,7 +158,7 @@ def test_mixed_formats_in_a_folder(tmp_path):
     (tmp_path / "books").mkdir()
     (tmp_path / "books" / "a.txt").write_text("text " * 100)
     (tmp_path / "books" / "meta.json").write_text('{"text": "x"}')
-    message = refused(tmp_path, path=str(tmp_path / "books"))
+    message = refused_preparation(tmp_path, path=str(tmp_path / "books"))
     assert (
         message
         == f"data.path {tmp_path / 'books'} mixes formats (1 txt, 1 json); choose one with data.format=txt|json|csv|parquet"
@@ -169,7 +171,7 @@ def test_mixed_formats_in_a_folder(tmp_path):
 
 def test_pretrained_tokenizer_that_is_missing(tmp_path, small_text):
     cfg = OmegaConf.create({"kind": "pretrained", "path": str(tmp_path / "nope")})
-    message = refused(tmp_path, cfg, path=str(small_text))
+    message = refused_preparation(tmp_path, cfg, path=str(small_text))
     assert (
         message
         == f"tokenizer.path {tmp_path / 'nope'} does not exist; give a tokenizer.json or a Hugging Face tokenizer folder"
@@ -178,22 +180,11 @@ def test_pretrained_tokenizer_that_is_missing(tmp_path, small_text):
 
 @pytest.mark.slow
 def test_train_py_prints_one_error_line_for_bad_data(tmp_path):
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "train.py",
-            *TINY,
-            "data=text",
-            f"data.path={tmp_path / 'missing.txt'}",
-            f"hydra.run.dir={tmp_path / 'r'}",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    missing = tmp_path / "missing.txt"
+    proc = run_script(
+        "train.py", *TINY_OVERRIDES, "data=text", f"data.path={missing}", f"hydra.run.dir={tmp_path / 'r'}"
     )
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
-    assert (
-        proc.stderr.strip().splitlines()[-1]
-        == f"error: data.path {tmp_path / 'missing.txt'} does not exist; give a file, a folder or a glob"
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"error: data.path {missing} does not exist; give a file, a folder or a glob"
     )

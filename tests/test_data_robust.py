@@ -24,7 +24,7 @@ from data.prepare import prepare_corpus
 from data.shards import SPLITS, ShardEncoder
 from data.tokenizer import EOT, TRAIN_RUN, train_bpe, train_char, training_pre_tokenizer
 
-from .common import ROOT, data_config, write_documents
+from .common import CHAR_TOKENIZER, ROOT, data_config
 
 # ---- BPE training on text without spaces ------------------------------------------------------------
 
@@ -133,7 +133,6 @@ def test_a_shard_cut_off_part_way_leaves_no_file(tmp_path, monkeypatch, small_te
     assert not any((tmp_path / f"000001.{split}.bin").exists() for split in SPLITS)
 
 
-CHAR = {"kind": "char"}  # slow enough to stop part way
 PREPARE = """
 import sys
 sys.path.insert(0, {root!r})
@@ -142,12 +141,6 @@ from tests.common import data_config
 from data.prepare import prepare_corpus
 prepare_corpus(data_config({cache!r}, path={path!r}, num_proc=2, shard_chars=20_000), OmegaConf.create({char!r}))
 """
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory, full_text):
-    """40 documents, 1 MB: about 50 shards of 20,000 characters."""
-    return write_documents(tmp_path_factory.mktemp("corpus"), full_text.read_text(encoding="utf-8"), 40)
 
 
 def children(pid: int) -> list[int]:
@@ -173,8 +166,8 @@ def started_at(pid: int) -> int | None:
 
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="finds worker processes in /proc (Linux)")
-def test_workers_end_with_a_killed_preparation_which_then_resumes(tmp_path, corpus):
-    script = PREPARE.format(root=str(ROOT), cache=str(tmp_path / "cache"), path=str(corpus), char=CHAR)
+def test_workers_end_with_a_killed_preparation_which_then_resumes(tmp_path, documents):
+    script = PREPARE.format(root=str(ROOT), cache=str(tmp_path / "cache"), path=str(documents), char=CHAR_TOKENIZER)
     proc = subprocess.Popen([sys.executable, "-c", script], start_new_session=True, stderr=subprocess.PIPE)
     shards = tmp_path / "cache" / "tokens"
     try:
@@ -203,11 +196,13 @@ def test_workers_end_with_a_killed_preparation_which_then_resumes(tmp_path, corp
     done = len(list(shards.glob("*.partial/shards/*.json")))
     encoded = []
     resumed = prepare_corpus(
-        data_config(tmp_path / "cache", path=str(corpus), num_proc=2, shard_chars=20_000),
-        OmegaConf.create(CHAR),
+        data_config(tmp_path / "cache", path=str(documents), num_proc=2, shard_chars=20_000),
+        OmegaConf.create(CHAR_TOKENIZER),
         progress=encoded.append,
     )
     assert encoded[0]["index"] == done  # it went on after the shards the killed run finished
-    clean = prepare_corpus(data_config(tmp_path / "clean", path=str(corpus), num_proc=1), OmegaConf.create(CHAR))
+    clean = prepare_corpus(
+        data_config(tmp_path / "clean", path=str(documents), num_proc=1), OmegaConf.create(CHAR_TOKENIZER)
+    )
     for split in SPLITS:
         assert np.array_equal(resumed.ids(split), clean.ids(split))

@@ -12,11 +12,7 @@ from data.tokenizer import EOT, train_bpe
 from generation.checkpoint import load_checkpoint
 from training.run import train
 
-from .common import NO_DOWNLOAD, TINY, compose_config, find_tiny_shakespeare
-
-
-def stories(n: int, split: str = "train") -> list[str]:
-    return [f"{split} story {i}: the cat sat on the mat, and the dog ran after a ball in the park." for i in range(n)]
+from .common import NO_DOWNLOAD, TINY_OVERRIDES, compose_config, find_tiny_shakespeare, hub_folder, stories
 
 
 def source_overrides(kind: str, tmp_path, small_text) -> list[str]:
@@ -38,10 +34,7 @@ def source_overrides(kind: str, tmp_path, small_text) -> list[str]:
         }[kind]()
         return ["data=text", f"data.path={path}", "data.text_column=body"]
     if kind in ("hub", "hub-streaming"):
-        folder = tmp_path / "tiny_stories"
-        folder.mkdir()
-        for split, n in (("train", 400), ("validation", 60)):
-            datasets.Dataset.from_dict({"text": stories(n, split)}).to_json(folder / f"{split}.jsonl", lines=True)
+        folder = hub_folder(tmp_path, {"train": 400, "validation": 60})
         return ["data=hub", f"data.name={folder}", f"data.streaming={kind == 'hub-streaming'}"]
     if kind == "pydoc":
         return ["data=pydoc"]
@@ -55,7 +48,10 @@ def source_overrides(kind: str, tmp_path, small_text) -> list[str]:
 )
 def test_each_source_trains(kind, tmp_path, small_text):
     cfg = compose_config(
-        *TINY, *source_overrides(kind, tmp_path, small_text), "trainer.max_steps=4", "trainer.val_check_interval=2"
+        *TINY_OVERRIDES,
+        *source_overrides(kind, tmp_path, small_text),
+        "trainer.max_steps=4",
+        "trainer.val_check_interval=2",
     )
     result = train(cfg, tmp_path / "run")
     assert result.last_checkpoint is not None and math.isfinite(result.metrics["val/bpc"])
@@ -64,7 +60,7 @@ def test_each_source_trains(kind, tmp_path, small_text):
 
 @pytest.mark.parametrize("kind", ["char", "pretrained"])
 def test_each_tokenizer_trains(kind, tmp_path, small_text):
-    overrides = [o for o in TINY if not o.startswith("tokenizer.")]
+    overrides = [o for o in TINY_OVERRIDES if not o.startswith("tokenizer.")]
     if kind == "pretrained":
         path = tmp_path / "tokenizer.json"
         train_bpe([small_text.read_text()], vocab_size=280).save(str(path))

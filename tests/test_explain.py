@@ -23,7 +23,8 @@ def explained(capsys, *args) -> tuple[dict, str]:
     return json.loads(out), err
 
 
-def refused(capsys, *args) -> str:
+def refused_explanation(capsys, *args) -> str:
+    """explain.py run in this process with these arguments: the one error line it answers with."""
     code = explain.main([*map(str, args)])
     out, err = capsys.readouterr()
     assert code == 1 and out == ""
@@ -61,14 +62,7 @@ def test_explain_py_prints_the_steps_when_run_as_a_user_runs_it(tiny_run, tmp_pa
 
 
 def test_json_is_the_only_output_and_its_shapes_follow_the_config(tiny_run):
-    proc = subprocess.run(
-        [sys.executable, "explain.py", "--ckpt", str(tiny_run), "--prompt", "ROMEO:", "--json"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    proc = run_script("explain.py", "--ckpt", str(tiny_run), "--prompt", "ROMEO:", "--json", timeout=300)
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
     document = json.loads(proc.stdout)
     c = document["config"]
@@ -162,13 +156,13 @@ def test_a_prompt_longer_than_the_context_is_cropped_to_its_last_tokens(tiny_run
     ],
 )
 def test_a_layer_or_head_out_of_range_is_refused_with_the_valid_range(tiny_run, capsys, args, expected):
-    assert refused(capsys, "--ckpt", tiny_run, "--prompt", "ROMEO:", *args) == expected
+    assert refused_explanation(capsys, "--ckpt", tiny_run, "--prompt", "ROMEO:", *args) == expected
 
 
 def test_a_missing_run_or_checkpoint_is_refused(tmp_path, capsys, monkeypatch):
-    assert "does not exist" in refused(capsys, "--ckpt", tmp_path / "nowhere")
+    assert "does not exist" in refused_explanation(capsys, "--ckpt", tmp_path / "nowhere")
     (tmp_path / "empty_run").mkdir()
-    assert "no checkpoint in" in refused(capsys, "--ckpt", tmp_path / "empty_run")
+    assert "no checkpoint in" in refused_explanation(capsys, "--ckpt", tmp_path / "empty_run")
     proc = run_script("explain.py", "--prompt", "ROMEO:", cwd=tmp_path, timeout=300)  # no outputs/latest here
     assert proc.returncode == 1 and proc.stdout == ""
     assert one_error_line(proc.stderr) == (
@@ -176,7 +170,7 @@ def test_a_missing_run_or_checkpoint_is_refused(tmp_path, capsys, monkeypatch):
     )
 
 
-def test_a_prompt_that_is_not_utf8_is_refused_in_one_line(tiny_run):
+def test_explain_py_refuses_a_prompt_that_is_not_utf8_in_one_line(tiny_run):
     proc = subprocess.run(
         [sys.executable, "explain.py", "--ckpt", str(tiny_run), "--prompt", b"ab\xff"],
         cwd=ROOT,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 
 import pytest
@@ -12,14 +11,13 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 
 import generate
-from model import GPT, GPTConfig
+from model import GPT
 from training.checks import SettingError
 from training.module import shard
 from training.settings import check
 
-from .common import TINY, compose_config, run_script
-
-CONFIG = GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64)
+from .common import TINY_OVERRIDES, compose_config, run_script
+from .tiny import tiny_config
 
 
 @pytest.fixture
@@ -38,25 +36,25 @@ def test_a_sharded_gpt_stays_tied_and_gives_the_plain_models_weights_and_loss(me
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     torch.manual_seed(0)
-    plain, sharded = GPT(CONFIG), GPT(CONFIG)
+    plain, sharded = GPT(tiny_config()), GPT(tiny_config())
     sharded.load_state_dict(plain.state_dict())
     shard(sharded, mesh, "32-true")
     assert sharded.lm_head.weight is sharded.transformer.wte.weight
     whole = get_model_state_dict(sharded, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     assert whole.keys() == plain.state_dict().keys()
     assert all(torch.equal(whole[key], value) for key, value in plain.state_dict().items())
-    idx = torch.randint(0, CONFIG.vocab_size, (2, CONFIG.block_size))
+    idx = torch.randint(0, plain.config.vocab_size, (2, plain.config.block_size))
     assert torch.equal(sharded(idx, idx)[1], plain(idx, idx)[1])
 
 
 def test_bf16_mixed_computes_with_bf16_weights_and_keeps_fp32_shards(mesh):
-    model = GPT(CONFIG)
+    model = GPT(tiny_config())
     shard(model, mesh, "bf16-mixed")
     seen = []
     model.transformer.h[0].mlp.c_fc.register_forward_hook(
         lambda layer, args, out: seen.append((layer.weight.dtype, out.dtype))
     )
-    idx = torch.randint(0, CONFIG.vocab_size, (2, CONFIG.block_size))
+    idx = torch.randint(0, model.config.vocab_size, (2, model.config.block_size))
     model(idx, idx)[1].backward()
     assert seen == [(torch.bfloat16, torch.bfloat16)]
     assert all(p.dtype == torch.float32 and p.grad.dtype == torch.float32 for p in model.parameters())
@@ -76,7 +74,7 @@ def test_fsdp_on_two_processes_killed_and_resumed_matches_one_process(small_text
     # 11 sequences a batch: Tiny Shakespeare's 133 validation windows split 67/66, 7 and 6 batches, and the
     # process with fewer must still take part in every forward of the sharded model
     common = [
-        *(o for o in TINY if not o.startswith("data.batch_size=")),
+        *(o for o in TINY_OVERRIDES if not o.startswith("data.batch_size=")),
         "data.batch_size=11",
         f"data.path={small_text}",
         "trainer.max_steps=6",
@@ -95,7 +93,7 @@ def test_fsdp_on_two_processes_killed_and_resumed_matches_one_process(small_text
         "trainer.devices=2",
         "trainer.accelerator=cpu",
         f"hydra.run.dir={fsdp}",
-        env={**os.environ, "TINYGPT2_FAILPOINT": "kill:5"},
+        failpoint="kill:5",
     )
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     assert (

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import re
+import subprocess
 import sys
 
 import pytest
@@ -14,6 +15,8 @@ from matplotlib.image import imread
 import generate
 from generation.attention_plot import save_attention_png
 from generation.text import StopStrings, TextStream
+
+from .common import ROOT, run_in_terminal
 
 HEADER = re.compile(r"^-{20} sample (\d+) \(seed (\d+)\) -{20}\n", re.MULTILINE)
 
@@ -257,16 +260,12 @@ def test_interactive_answers_each_prompt_with_the_model_loaded_once(tiny_run, ca
 
 def generate_process(*args, stdin: bytes | None = None, cwd=None):
     """generate.py run as a user runs it, with bytes in and out (prompts may be any bytes)."""
-    import subprocess
-
-    from .common import ROOT
-
     return subprocess.run(
         [sys.executable, str(ROOT / "generate.py"), *args], input=stdin, capture_output=True, cwd=cwd, timeout=300
     )
 
 
-def test_a_prompt_that_is_not_utf8_is_refused_in_one_line(tiny_run, tmp_path):
+def test_generate_py_refuses_a_prompt_that_is_not_utf8_in_one_line(tiny_run, tmp_path):
     proc = generate_process("--ckpt", str(tiny_run), "--prompt", b"ROMEO\xff:", cwd=tmp_path)
     assert proc.returncode == 1 and proc.stdout == b""
     assert proc.stderr.decode() == (
@@ -288,43 +287,11 @@ def test_interactive_refuses_a_line_that_is_not_utf8_and_answers_the_next(tiny_r
 
 def test_the_summary_starts_a_line_of_its_own_in_a_terminal(tiny_run, tmp_path):
     """In a terminal stdout and stderr share the screen: the summary must not follow the last word."""
-    import os
-    import pty
-    import subprocess
-
-    from .common import ROOT
-
     for stop in ([], ["--stop", "e"]):  # a sample that runs to its length, and one cut by a stop string
-        leader, follower = pty.openpty()
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                str(ROOT / "generate.py"),
-                "--ckpt",
-                str(tiny_run),
-                "--prompt",
-                "ROMEO:",
-                "--max-new-tokens",
-                "12",
-                *stop,
-            ],
-            stdout=follower,
-            stderr=follower,
-            cwd=tmp_path,
-        )
-        os.close(follower)
-        screen = b""
-        while True:
-            try:
-                chunk = os.read(leader, 4096)
-            except OSError:  # the other end is closed: the process has ended
-                break
-            if not chunk:
-                break
-            screen += chunk
-        os.close(leader)
-        assert proc.wait(timeout=60) == 0
-        lines = screen.decode().replace("\r\n", "\n").split("\n")
+        args = ["--ckpt", str(tiny_run), "--prompt", "ROMEO:", "--max-new-tokens", "12", *stop]
+        status, screen = run_in_terminal("generate.py", *args, cwd=tmp_path, timeout=300)
+        assert status == 0, screen
+        lines = screen.replace("\r\n", "\n").split("\n")
         summary = [line for line in lines if "tokens generated" in line]
         assert len(summary) == 1 and summary[0].startswith("["), screen
 

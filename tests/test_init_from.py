@@ -3,9 +3,6 @@ its tokenizer and shape, and refusing model settings that contradict it."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 import torch
 from tokenizers import Tokenizer
@@ -15,14 +12,14 @@ from model import ConfigError
 from training.init_from import model_keys_in, start_from
 from training.run import train
 
-from .common import ROOT, TINY, compose_config
+from .common import TINY_OVERRIDES, compose_config, run_script
 from .tiny import train_tiny_gpt, write_checkpoint
 
 # the tiny run settings, minus the model shape and tokenizer: those come from init_from
-RUN = [*(o for o in TINY if not o.startswith(("model.", "tokenizer."))), "samples.enabled=false"]
+RUN = [*(o for o in TINY_OVERRIDES if not o.startswith(("model.", "tokenizer."))), "samples.enabled=false"]
 
 
-def start(*overrides: str):
+def started_from(*overrides: str):
     """What init_from gives a run started with these overrides (the model settings they name are asked for)."""
     cfg = compose_config(*overrides)
     return start_from(cfg, model_keys_in(overrides, cfg.model))
@@ -56,12 +53,12 @@ def test_fine_tuning_from_a_checkpoint_with_a_shorter_context(tiny_run, tiny_gpt
 
 def test_model_settings_that_contradict_the_checkpoint_are_refused(tiny_run, small_text):
     with pytest.raises(ConfigError, match=r"model.n_layer=3 contradicts init_from=.*whose n_layer is 2"):
-        start(*RUN, f"data.path={small_text}", f"init_from={tiny_run}", "model.n_layer=3")
+        started_from(*RUN, f"data.path={small_text}", f"init_from={tiny_run}", "model.n_layer=3")
     with pytest.raises(ConfigError, match="model.block_size=64 is more than the 32 positions"):
-        start(f"init_from={tiny_run}", "model.block_size=64")
+        started_from(f"init_from={tiny_run}", "model.block_size=64")
     with pytest.raises(ConfigError, match="contradicts"):
-        start(f"init_from={tiny_run}", "model=baby")  # a preset names every setting
-    started = start(f"init_from={tiny_run}")  # the nano preset, not asked for: no conflict
+        started_from(f"init_from={tiny_run}", "model=baby")  # a preset names every setting
+    started = started_from(f"init_from={tiny_run}")  # the nano preset, not asked for: no conflict
     assert started.config.n_layer == 2 and started.config.vocab_size == 300
 
 
@@ -84,7 +81,7 @@ def test_train_py_refuses_a_contradicting_override_in_one_line(transformers_fold
         "model.n_head=2",
         f"hydra.run.dir={tmp_path / 'r'}",
     ]
-    proc = subprocess.run([sys.executable, "train.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    proc = run_script("train.py", *args)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("error: model.n_head=2 contradicts init_from=") and "whose n_head is 4" in last

@@ -17,7 +17,8 @@ from training.module import GPTModule
 from training.run import train
 from training.run_folder import RunFolder
 
-from .common import TINY, compose_config, run_script
+from .common import TINY_OVERRIDES, compose_config, run_script
+from .tiny import tiny_config
 
 OPTIM = {
     "lr": 1e-3,
@@ -34,7 +35,7 @@ OPTIM = {
 def trained(tmp_path_factory, small_text) -> Path:
     """The newest checkpoint of a tiny real run."""
     run = tmp_path_factory.mktemp("trained") / "run"
-    train(compose_config(*TINY, f"data.path={small_text}"), run)
+    train(compose_config(*TINY_OVERRIDES, f"data.path={small_text}"), run)
     return RunFolder(run).last
 
 
@@ -81,7 +82,7 @@ def test_load_from_checkpoint_leaves_the_callers_random_state(trained):
 
 
 def test_the_model_config_may_be_a_dict_or_a_gptconfig():
-    config = GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=50)
+    config = tiny_config()
     as_dict = GPTModule(config.to_dict(), OPTIM, max_steps=10, val_tokens_per_char=0.5)
     assert (
         as_dict.model.config == config == GPTModule(config, OPTIM, max_steps=10, val_tokens_per_char=0.5).model.config
@@ -97,7 +98,7 @@ def test_offline_wandb_stages_the_samples_tables_inside_the_run_folder(small_tex
     run = tmp_path / "run"
     proc = run_script(
         "train.py",
-        *TINY,
+        *TINY_OVERRIDES,
         f"data.path={small_text}",
         "logger=wandb",
         "samples.enabled=true",

@@ -14,57 +14,33 @@ from model.gpt import CausalSelfAttention
 from model.hf import from_hf_state_dict, hf_config_dict
 
 from .common import ROOT
-
-TINY = dict(n_layer=2, n_head=4, n_embd=32, block_size=16, vocab_size=50, dropout=0.0)
-
-
-def tiny_gpt(seed: int = 0, **overrides) -> GPT:
-    torch.manual_seed(seed)
-    return GPT(GPTConfig(**{**TINY, **overrides})).eval()
-
+from .tiny import TINY_VOCAB, tiny_config, untrained_gpt
 
 # ---- the combined c_attn projection ----------------------------------------------------------------
 
 
-def test_combined_projection_equals_per_head_projections_worked_example():
-    X = torch.tensor([[1.0, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12]])
-    W_query_1 = torch.tensor([[1.0, 0], [0, 1], [1, 0], [0, 1]])
-    W_query_2 = torch.tensor([[2.0, 1], [1, 2], [2, 1], [1, 2]])
-    Q1, Q2 = X @ W_query_1, X @ W_query_2
-    assert Q1.tolist() == [[4, 6], [12, 14], [20, 22]]
-    # Q2's first column is 14, 38, 62 (row one: 1*2 + 2*1 + 3*2 + 4*1 = 14), not 10, 30, 50 as the
-    # example is sometimes quoted: those values do not follow from W_query_2.
-    assert Q2.tolist() == [[14, 16], [38, 40], [62, 64]]
-
-    # one matrix holding both heads side by side gives both heads' queries in one product
-    W_query = torch.cat([W_query_1, W_query_2], dim=1)  # (4, 2 heads * 2)
-    Q = X @ W_query
-    assert torch.equal(Q, torch.cat([Q1, Q2], dim=1))
-    # and the view into heads recovers each head's queries exactly
-    heads = Q.view(3, 2, 2).transpose(0, 1)  # (nh, T, hs)
-    assert torch.equal(heads[0], Q1) and torch.equal(heads[1], Q2)
-
-
-def test_c_attn_equals_separate_per_head_linears_on_a_real_layer():
-    config = GPTConfig(**TINY)
+def test_attention_with_the_combined_c_attn_equals_attention_with_separate_per_head_linears():
+    """c_attn holds the per-head projections side by side, [q heads | k heads | v heads]: laid out that
+    way, the attention's own forward gives what each head computes from linears of its own."""
+    config = tiny_config()
     C, nh, hs = config.n_embd, config.n_head, config.head_size
     torch.manual_seed(0)
-    separate = {name: [nn.Linear(C, hs) for _ in range(nh)] for name in ("q", "k", "v")}
-    attn = CausalSelfAttention(config)
-    with torch.no_grad():  # lay the per-head matrices side by side in c_attn: [q heads | k heads | v heads]
+    separate = {name: [nn.Linear(C, hs) for _ in range(nh)] for name in "qkv"}
+    attn = CausalSelfAttention(config).eval()
+    with torch.no_grad():
         attn.c_attn.weight.copy_(torch.cat([lin.weight for name in "qkv" for lin in separate[name]], dim=0))
         attn.c_attn.bias.copy_(torch.cat([lin.bias for name in "qkv" for lin in separate[name]], dim=0))
 
     x = torch.randn(2, 5, C)
-    q, k, v = attn.c_attn(x).split(C, dim=2)
-    for name, combined in zip("qkv", (q, k, v), strict=True):
-        per_head = combined.view(2, 5, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
-        for h, lin in enumerate(separate[name]):
-            torch.testing.assert_close(per_head[:, h], lin(x), rtol=0, atol=1e-6)
-
-    separate_count = sum(p.numel() for lins in separate.values() for lin in lins for p in lin.parameters())
-    combined_count = sum(p.numel() for p in attn.c_attn.parameters())
-    assert separate_count == combined_count == 3 * (C * C + C)
+    causal = torch.ones(5, 5, dtype=torch.bool).tril()
+    heads = []
+    with torch.no_grad():
+        for h in range(nh):
+            q, k, v = (separate[name][h](x) for name in "qkv")  # (B, T, hs) each
+            scores = (q @ k.transpose(-2, -1) / math.sqrt(hs)).masked_fill(~causal, float("-inf"))
+            heads.append(torch.softmax(scores, dim=-1) @ v)
+        expected = attn.c_proj(torch.cat(heads, dim=-1))  # the heads side by side, then the output projection
+        torch.testing.assert_close(attn(x), expected, rtol=0, atol=1e-5)
 
 
 # ---- attention kernels and causality -----------------------------------------------------------------
@@ -72,17 +48,17 @@ def test_c_attn_equals_separate_per_head_linears_on_a_real_layer():
 
 @pytest.mark.parametrize("train_mode", [False, True])
 def test_explicit_attention_equals_fused(train_mode):
-    fused = tiny_gpt(attention="sdpa")
-    explicit = tiny_gpt(attention="explicit")
+    fused = untrained_gpt(attention="sdpa")
+    explicit = untrained_gpt(attention="explicit")
     explicit.load_state_dict(fused.state_dict())
     fused.train(train_mode), explicit.train(train_mode)  # dropout is 0: train mode must agree too
-    idx = torch.randint(0, 50, (3, 16))
+    idx = torch.randint(0, TINY_VOCAB, (3, fused.config.block_size))
     torch.testing.assert_close(fused(idx)[0], explicit(idx)[0], rtol=1e-5, atol=1e-5)
 
 
 def test_explicit_path_returns_attention_weights():
-    gpt = tiny_gpt()
-    idx = torch.randint(0, 50, (2, 7))
+    gpt = untrained_gpt()
+    idx = torch.randint(0, TINY_VOCAB, (2, 7))
     maps = gpt.attention_weights(idx)
     assert len(maps) == 2 and maps[0].shape == (2, 4, 7, 7)
     torch.testing.assert_close(maps[0].sum(-1), torch.ones(2, 4, 7))
@@ -90,29 +66,30 @@ def test_explicit_path_returns_attention_weights():
 
 
 def test_future_tokens_never_change_earlier_logits():
-    gpt = tiny_gpt()
-    idx = torch.randint(0, 50, (1, 12))
+    gpt = untrained_gpt()
+    idx = torch.randint(0, TINY_VOCAB, (1, 12))
     changed = idx.clone()
-    changed[0, 8:] = (changed[0, 8:] + 7) % 50
+    changed[0, 8:] = (changed[0, 8:] + 7) % TINY_VOCAB
     a, b = gpt(idx)[0], gpt(changed)[0]
     torch.testing.assert_close(a[:, :8], b[:, :8], rtol=0, atol=0)
     assert not torch.allclose(a[:, 8:], b[:, 8:])
 
 
 def test_loss_is_cross_entropy_and_none_without_targets():
-    gpt = tiny_gpt()
-    idx = torch.randint(0, 50, (2, 10))
+    gpt = untrained_gpt()
+    idx = torch.randint(0, TINY_VOCAB, (2, 10))
     logits, loss = gpt(idx)
-    assert logits.shape == (2, 10, 50) and loss is None
-    targets = torch.randint(0, 50, (2, 10))
+    assert logits.shape == (2, 10, TINY_VOCAB) and loss is None
+    targets = torch.randint(0, TINY_VOCAB, (2, 10))
     _, loss = gpt(idx, targets)
-    expected = nn.functional.cross_entropy(logits.reshape(-1, 50), targets.reshape(-1))
+    expected = nn.functional.cross_entropy(logits.reshape(-1, TINY_VOCAB), targets.reshape(-1))
     torch.testing.assert_close(loss, expected)
 
 
 def test_longer_than_block_size_is_refused():
+    gpt = untrained_gpt()
     with pytest.raises(ValueError, match="block_size"):
-        tiny_gpt()(torch.zeros(1, 17, dtype=torch.long))
+        gpt(torch.zeros(1, gpt.config.block_size + 1, dtype=torch.long))
 
 
 # ---- initialisation and size -------------------------------------------------------------------------
@@ -152,12 +129,12 @@ def test_gpt2_small_has_the_released_parameter_count():
 )
 def test_config_checks_itself(bad, message):
     with pytest.raises(ConfigError, match=message):
-        GPTConfig(**{**TINY, **bad})
+        tiny_config(**bad)
 
 
 def test_config_from_dict_names_unknown_keys():
     with pytest.raises(ConfigError, match="n_embed"):
-        GPTConfig.from_dict({**TINY, "n_embed": 32})
+        GPTConfig.from_dict({**tiny_config().to_dict(), "n_embed": 32})
 
 
 # ---- parity with Hugging Face transformers ----------------------------------------------------------
@@ -165,7 +142,7 @@ def test_config_from_dict_names_unknown_keys():
 
 def test_logits_equal_transformers_gpt2():
     transformers = pytest.importorskip("transformers")
-    config = GPTConfig(**TINY)
+    config = tiny_config()
     hf_config = transformers.GPT2Config(**{k: v for k, v in hf_config_dict(config).items() if k != "architectures"})
     torch.manual_seed(0)
     hf = transformers.GPT2LMHeadModel(hf_config).eval()
@@ -181,8 +158,8 @@ def test_logits_equal_transformers_gpt2():
 
 
 def test_cached_greedy_equals_uncached_greedy_within_block_size():
-    gpt = tiny_gpt()
-    idx = torch.randint(0, 50, (3, 4))
+    gpt = untrained_gpt()
+    idx = torch.randint(0, TINY_VOCAB, (3, 4))
     cached = gpt.generate(idx, 12, temperature=0, use_cache=True)
     uncached = gpt.generate(idx, 12, temperature=0, use_cache=False)
     assert cached.shape == (3, 16)
@@ -191,25 +168,27 @@ def test_cached_greedy_equals_uncached_greedy_within_block_size():
 
 
 def test_generation_slides_past_block_size_and_both_paths_agree():
-    gpt = tiny_gpt()
-    idx = torch.randint(0, 50, (2, 5))
-    cached = gpt.generate(idx, 60, temperature=0, use_cache=True)  # block_size is 16
-    uncached = gpt.generate(idx, 60, temperature=0, use_cache=False)
-    assert cached.shape == (2, 65)
+    gpt = untrained_gpt()
+    idx = torch.randint(0, TINY_VOCAB, (2, 5))
+    new = 2 * gpt.config.block_size  # the window slides more than once
+    cached = gpt.generate(idx, new, temperature=0, use_cache=True)
+    uncached = gpt.generate(idx, new, temperature=0, use_cache=False)
+    assert cached.shape == (2, 5 + new)
     assert torch.equal(cached, uncached)
 
 
 def test_lm_head_only_sees_the_last_position_while_generating():
-    gpt = tiny_gpt()
+    gpt = untrained_gpt()
     seen = []
     gpt.lm_head.register_forward_hook(lambda module, inputs, output: seen.append(tuple(inputs[0].shape)))
-    gpt.generate(torch.randint(0, 50, (2, 6)), 25, temperature=1.0)
-    assert len(seen) == 25
-    assert all(shape == (2, 32) for shape in seen)  # (B, C): one position per row, prefill included
+    new = 2 * gpt.config.block_size  # past the window: the prompt is filled in again as it slides
+    gpt.generate(torch.randint(0, TINY_VOCAB, (2, 6)), new, temperature=1.0)
+    assert len(seen) == new
+    assert all(shape == (2, gpt.config.n_embd) for shape in seen)  # (B, C): one position per row, prefills included
 
 
 def test_prefill_runs_the_prompt_once_then_one_token_per_step(monkeypatch):
-    gpt = tiny_gpt()
+    gpt = untrained_gpt()
     calls = []
     trunk, one_step = gpt.trunk, OneTokenStep.__call__
 
@@ -223,21 +202,21 @@ def test_prefill_runs_the_prompt_once_then_one_token_per_step(monkeypatch):
 
     gpt.trunk = record_trunk
     monkeypatch.setattr(OneTokenStep, "__call__", record_step)
-    gpt.generate(torch.randint(0, 50, (1, 6)), 5)
+    gpt.generate(torch.randint(0, TINY_VOCAB, (1, 6)), 5)
     one = torch.Size([1])
     assert calls == [("prefill", 6, 0), ("step", one, 6), ("step", one, 7), ("step", one, 8), ("step", one, 9)]
 
 
 def test_cache_is_empty_outside_generation():
-    gpt = tiny_gpt()
-    gpt.generate(torch.randint(0, 50, (1, 3)), 4)
+    gpt = untrained_gpt()
+    gpt.generate(torch.randint(0, TINY_VOCAB, (1, 3)), 4)
     assert all(block.attn.kv_cache is None for block in gpt.transformer.h)
 
 
 def test_generated_tokens_can_train_the_model():
     """Decoding runs in inference mode; what generate returns must still be usable by autograd."""
-    gpt = tiny_gpt()
-    out = gpt.generate(torch.randint(0, 50, (2, 3)), 6)
+    gpt = untrained_gpt()
+    out = gpt.generate(torch.randint(0, TINY_VOCAB, (2, 3)), 6)
     assert not out.is_inference()
     gpt.train()
     _, loss = gpt(out[:, :-1], out[:, 1:])
@@ -246,14 +225,14 @@ def test_generated_tokens_can_train_the_model():
 
 
 def test_same_generator_seed_same_tokens():
-    gpt = tiny_gpt()
-    idx = torch.randint(0, 50, (1, 3))
+    gpt = untrained_gpt()
+    idx = torch.randint(0, TINY_VOCAB, (1, 3))
     runs = [gpt.generate(idx, 10, generator=torch.Generator().manual_seed(7)) for _ in range(2)]
     assert torch.equal(runs[0], runs[1])
 
 
 def test_generate_refuses_bad_arguments():
-    gpt = tiny_gpt()
+    gpt = untrained_gpt()
     idx = torch.zeros(1, 2, dtype=torch.long)
     with pytest.raises(ValueError, match="max_new_tokens"):
         gpt.generate(idx, 0)
@@ -263,8 +242,8 @@ def test_generate_refuses_bad_arguments():
 
 @pytest.mark.parametrize("kernel", ["sdpa", "explicit"])
 def test_one_decoding_step_equals_the_full_forward(kernel):
-    gpt = tiny_gpt(attention=kernel)
-    idx = torch.randint(0, 50, (3, 9))
+    gpt = untrained_gpt(attention=kernel)
+    idx = torch.randint(0, TINY_VOCAB, (3, 9))
     with torch.no_grad():
         expected = gpt(idx)[0][:, -1]
         gpt.set_kv_cache(3)
@@ -278,8 +257,8 @@ def test_one_decoding_step_equals_the_full_forward(kernel):
 def test_static_step_for_cuda_graphs_equals_the_full_forward(kernel):
     """The step a CUDA graph records (fixed buffers, the whole cache read under a mask) computes what
     the blocks do, at every position, and its greedy tokens are those of the uncached forward."""
-    gpt = tiny_gpt(attention=kernel)
-    idx = torch.randint(0, 50, (2, 12))
+    gpt = untrained_gpt(attention=kernel)
+    idx = torch.randint(0, TINY_VOCAB, (2, 12))
     with torch.no_grad():
         full = gpt(idx)[0]
         step = StaticStep(gpt, gpt.new_kv_caches(2))
@@ -295,13 +274,14 @@ def test_a_stream_on_a_graph_step_gives_the_tokens_of_the_uncached_forward(monke
     window included, decodes greedily what the full forward does."""
     import generation.decode as decode
 
-    gpt = tiny_gpt()
+    gpt = untrained_gpt()
     monkeypatch.setattr(decode, "use_cuda_graph", lambda model: True)
     monkeypatch.setattr(decode, "CudaGraphStep", StaticStep)  # the same step, without the recording
-    idx = torch.randint(0, 50, (2, 5))
-    uncached = gpt.generate(idx, 40, temperature=0, use_cache=False)  # block_size 16: the window slides
-    assert torch.equal(gpt.generate(idx, 40, temperature=0), uncached)
-    assert torch.equal(gpt.generate(idx, 40, temperature=0), uncached)  # the kept step, reused
+    idx = torch.randint(0, TINY_VOCAB, (2, 5))
+    new = 2 * gpt.config.block_size  # the window slides
+    uncached = gpt.generate(idx, new, temperature=0, use_cache=False)
+    assert torch.equal(gpt.generate(idx, new, temperature=0), uncached)
+    assert torch.equal(gpt.generate(idx, new, temperature=0), uncached)  # the kept step, reused
     assert len(decode._graph_steps) == 1
 
 
@@ -310,8 +290,8 @@ def test_packed_weights_give_the_same_tokens(monkeypatch):
 
     if not torch.backends.mkldnn.is_available():
         pytest.skip("no oneDNN in this torch build")
-    gpt = tiny_gpt()
-    idx = torch.randint(0, 50, (2, 5))
+    gpt = untrained_gpt()
+    idx = torch.randint(0, TINY_VOCAB, (2, 5))
     plain = gpt.generate(idx, 11, temperature=0)  # within block_size: one prefill, then 10 steps
     monkeypatch.setattr(decode, "PACK_ABOVE_BYTES", 0)  # pack even this tiny model
     assert decode.pack_weights(gpt)

@@ -3,19 +3,17 @@ resumable bit for bit like AdamW."""
 
 from __future__ import annotations
 
-import os
 import signal
 from pathlib import Path
 
 import pytest
 import torch
 
-from model import GPT, GPTConfig
+from model import GPT
 from training.optim import MuonAdamW, block_matrices
 
-from .common import TINY, run_script
-
-CONFIG = GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64, dropout=0.0)
+from .common import TINY_OVERRIDES, only_run, run_script
+from .tiny import TINY_VOCAB, tiny_config
 
 
 def muon_of(model: GPT) -> MuonAdamW:
@@ -23,7 +21,7 @@ def muon_of(model: GPT) -> MuonAdamW:
 
 
 def test_each_parameter_has_one_optimizer_and_the_hidden_matrices_have_muon():
-    model = GPT(CONFIG)
+    model = GPT(tiny_config())
     optimizer = muon_of(model)
     muon = {id(p) for g in optimizer.muon.param_groups for p in g["params"]}
     adamw = {id(p) for g in optimizer.adamw.param_groups for p in g["params"]}
@@ -31,7 +29,7 @@ def test_each_parameter_has_one_optimizer_and_the_hidden_matrices_have_muon():
     names = {id(p): n for n, p in model.named_parameters()}
     assert sorted(names[i] for i in muon) == sorted(
         f"transformer.h.{i}.{part}.weight"
-        for i in range(2)
+        for i in range(model.config.n_layer)
         for part in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
     )
     assert all(p is not model.transformer.wte.weight for p in block_matrices(model))  # tied to the output layer
@@ -43,10 +41,10 @@ def test_each_parameter_has_one_optimizer_and_the_hidden_matrices_have_muon():
 
 def test_a_step_moves_every_parameter_and_the_state_round_trips():
     torch.manual_seed(0)
-    model = GPT(CONFIG)
+    model = GPT(tiny_config())
     optimizer = muon_of(model)
     before = [p.detach().clone() for p in model.parameters()]
-    idx = torch.randint(0, 64, (2, 16))
+    idx = torch.randint(0, TINY_VOCAB, (2, model.config.block_size))
 
     def closure():
         optimizer.zero_grad()
@@ -68,7 +66,7 @@ def test_a_step_moves_every_parameter_and_the_state_round_trips():
 
 
 def test_an_adamw_state_is_refused_by_muon():
-    model = GPT(CONFIG)
+    model = GPT(tiny_config())
     adamw = torch.optim.AdamW(model.parameters())
     with pytest.raises(ValueError, match="not optim=muon's"):
         muon_of(model).load_state_dict(adamw.state_dict())
@@ -93,7 +91,7 @@ def assert_same(a, b, where: str = "") -> None:
 @pytest.mark.slow
 def test_a_killed_muon_run_resumes_bit_for_bit_with_the_command_it_is_told(small_text, tmp_path):
     args = [
-        *TINY,
+        *TINY_OVERRIDES,
         f"data.path={small_text}",
         "optim=muon",
         "optim.warmup_steps=2",
@@ -103,12 +101,11 @@ def test_a_killed_muon_run_resumes_bit_for_bit_with_the_command_it_is_told(small
     ]
     reference = run_script("train.py", *args, "runs_root=reference", cwd=tmp_path)
     assert reference.returncode == 0, reference.stderr[-2000:]
-    [ref_run] = [p.parent.parent for p in (tmp_path / "reference").glob("**/checkpoints/last.ckpt")]
+    ref_run = only_run(tmp_path / "reference")
 
-    env = {**os.environ, "TINYGPT2_FAILPOINT": "kill:7"}
-    killed = run_script("train.py", *args, cwd=tmp_path, env=env)
+    killed = run_script("train.py", *args, cwd=tmp_path, failpoint="kill:7")
     assert killed.returncode == -signal.SIGKILL
-    [run] = [p.parent for p in (tmp_path / "outputs").glob("*/*/.hydra")]
+    run = only_run(tmp_path / "outputs")
     resumed = run_script("train.py", f"resume={run}", cwd=tmp_path)  # only the run: its settings are its own
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert_same(final_state(run), final_state(ref_run))
@@ -116,7 +113,7 @@ def test_a_killed_muon_run_resumes_bit_for_bit_with_the_command_it_is_told(small
 
 
 def test_muon_chosen_by_name_alone_is_refused_with_the_group_to_use(tmp_path):
-    proc = run_script("train.py", *TINY, "optim.name=muon", cwd=tmp_path)
+    proc = run_script("train.py", *TINY_OVERRIDES, "optim.name=muon", cwd=tmp_path)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == (
         "error: optim.name=muon needs optim.momentum; choose the group instead: optim=muon"

@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 
 from training.settings import FALLBACK_PASSES, resolve
 
-from .common import NO_DOWNLOAD, TINY_MODEL, compose_config, run_script
+from .common import NO_DOWNLOAD, TINY_MODEL_OVERRIDES, compose_config, only_run, run_script
 
 OFFLINE = ["data.local_copies=[]", f"data.url={NO_DOWNLOAD}"]  # as on a machine with neither
 # a global batch large enough that the corpus is a few hundred steps, as with the default model
@@ -17,7 +17,7 @@ BATCH = ["data.batch_size=64", "model.block_size=64", "logger=csv", "latest_link
 
 
 def resolved(*overrides: str, named=(), data=OFFLINE):
-    values = OmegaConf.to_container(compose_config(*TINY_MODEL, *data, *BATCH, *overrides), resolve=True)
+    values = OmegaConf.to_container(compose_config(*TINY_MODEL_OVERRIDES, *data, *BATCH, *overrides), resolve=True)
     values.pop("hydra", None)
     settings, _ = resolve(values, named)
     return settings
@@ -51,14 +51,14 @@ def test_a_chosen_corpus_is_never_cut(caplog):
 
 @pytest.mark.slow
 def test_the_default_command_offline_says_what_it_trained_on_at_start_and_end(tmp_path):
-    proc = run_script("train.py", *TINY_MODEL, *OFFLINE, *BATCH, cwd=tmp_path)
+    proc = run_script("train.py", *TINY_MODEL_OVERRIDES, *OFFLINE, *BATCH, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = (proc.stdout + proc.stderr).splitlines()
     [start] = [line for line in lines if "training on the offline pydoc corpus" in line]
     [end] = [line for line in lines if "this model learned the offline pydoc corpus" in line]
     [suggestion] = [line for line in lines if "sample from it:" in line]
     assert "--prompt" not in suggestion  # no ROMEO: for a model of Python's help texts
-    [run] = [p.parent for p in (tmp_path / "outputs").glob("*/*/config.yaml")]
+    run = only_run(tmp_path / "outputs")
     saved = yaml.safe_load((run / "config.yaml").read_text())
     assert (
         f"for {saved['trainer']['max_steps']:,} steps" in start

@@ -7,11 +7,13 @@ import math
 import pytest
 import torch
 
-from model import GPT, GPTConfig
+from model import GPTConfig
 from training.checks import SettingError, check_together
 from training.flops import flops_per_token, gpu_peak_flops
 from training.optim import lr_factor, make_adamw, parameter_groups
 from training.settings import choose_precision, global_batch
+
+from .tiny import untrained_gpt
 
 
 def test_warmup_is_linear_up_to_the_peak():
@@ -53,7 +55,7 @@ def test_unknown_schedule_is_refused():
 
 
 def test_biases_and_layernorms_are_not_decayed():
-    gpt = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=16, block_size=8, vocab_size=40))
+    gpt = untrained_gpt()
     decay, no_decay = parameter_groups(gpt, 0.1)
     assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
     names = {id(p): n for n, p in gpt.named_parameters()}
@@ -62,8 +64,11 @@ def test_biases_and_layernorms_are_not_decayed():
     assert all(p.dim() == 1 for p in no_decay["params"])
     counted = sum(p.numel() for group in (decay, no_decay) for p in group["params"])
     assert counted == gpt.num_parameters()  # the tied lm_head/wte is one parameter, in one group
-    optimizer = make_adamw(gpt, 1e-3, 0.1, (0.9, 0.95))
-    assert optimizer.param_groups[0]["betas"] == (0.9, 0.95)
+    optimizer = make_adamw(gpt, 1e-3, 0.1, [0.9, 0.95])  # betas as the yaml gives them
+    assert [group["weight_decay"] for group in optimizer.param_groups] == [0.1, 0.0]
+    assert [list(map(id, g["params"])) for g in optimizer.param_groups] == [
+        list(map(id, group["params"])) for group in (decay, no_decay)
+    ]
 
 
 def cfg(tokens_per_step=None, batch_size=8, block_size=32, accumulate=None):
@@ -98,10 +103,22 @@ def test_global_batch_and_accumulation_together_are_refused():
         check_together(cfg(tokens_per_step=512, accumulate=2))
 
 
-def test_precision_is_32_bit_on_cpu_and_can_be_chosen():
-    if not torch.cuda.is_available():
-        assert choose_precision(None) == "32-true"
-    assert choose_precision("bf16-mixed") == "bf16-mixed"
+@pytest.mark.parametrize(
+    "gpu, bf16, accelerator, chosen",
+    [
+        (False, False, "auto", "32-true"),  # no GPU
+        (True, True, "auto", "bf16-mixed"),  # an A100
+        (True, False, "auto", "32-true"),  # a V100
+        (True, True, "gpu", "bf16-mixed"),
+        (True, True, "cpu", "32-true"),  # a GPU machine told to train on its CPU
+    ],
+)
+def test_precision_left_unset_is_bf16_mixed_only_on_a_gpu_that_has_bf16(gpu, bf16, accelerator, chosen, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpu)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: bf16)
+    assert choose_precision(None, accelerator) == chosen
+    assert choose_precision("16-mixed", accelerator) == "16-mixed"  # a precision asked for wins over the choice
+    assert choose_precision(32, accelerator) == "32"  # a number, as the yaml gives it: Lightning's name for it
 
 
 def test_flops_per_token_match_the_known_gpt2_figure():

@@ -3,23 +3,17 @@
 
 from __future__ import annotations
 
-import fcntl
-import os
-import pty
 import re
-import select
 import shlex
 import signal
-import struct
 import subprocess
 import sys
-import termios
 import time
 from pathlib import Path
 
 import pytest
 
-from .common import ROOT, TINY
+from .common import ROOT, TINY_OVERRIDES, run_in_terminal
 
 pytestmark = pytest.mark.slow
 
@@ -30,7 +24,7 @@ TIME_BAR = re.compile(r"^training: +(\d+)%\|.*\| (\d\d):(\d\d)/(\d\d:\d\d) \[ste
 
 
 def bar_args(small_text: Path, *extra: str) -> list[str]:
-    return [*TINY, f"data.path={small_text}", "trainer.enable_progress_bar=true", *extra]
+    return [*TINY_OVERRIDES, f"data.path={small_text}", "trainer.enable_progress_bar=true", *extra]
 
 
 def read(log: Path) -> str:
@@ -44,37 +38,6 @@ def run_to_file(args: list[str], cwd: Path, log: Path) -> subprocess.CompletedPr
         return subprocess.run(
             [sys.executable, str(ROOT / "train.py"), *args], cwd=cwd, stdout=out, stderr=subprocess.STDOUT, timeout=600
         )
-
-
-def run_in_terminal(args: list[str], cwd: Path, columns: int = 120, timeout: float = 600) -> tuple[int, str]:
-    """python train.py ARGS in a pseudo-terminal `columns` wide: its exit status and all it printed."""
-    main, child = pty.openpty()
-    fcntl.ioctl(child, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
-    proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "train.py"), *args],
-        cwd=cwd,
-        stdin=child,
-        stdout=child,
-        stderr=child,
-        close_fds=True,
-    )
-    os.close(child)
-    printed, deadline = bytearray(), time.time() + timeout
-    try:
-        while time.time() < deadline:
-            if select.select([main], [], [], 1.0)[0]:
-                try:
-                    chunk = os.read(main, 65536)
-                except OSError:  # the terminal's other end closed: the process is done
-                    break
-                if not chunk:
-                    break
-                printed += chunk
-    finally:
-        os.close(main)
-        if proc.poll() is None:
-            proc.kill()
-    return proc.wait(timeout=60), printed.decode("utf-8", errors="replace")
 
 
 def screen(output: str) -> list[str]:
@@ -208,7 +171,7 @@ def test_a_resumed_run_limited_by_time_goes_on_from_the_time_it_had_spent(small_
 
 def test_in_a_terminal_the_run_ends_with_its_final_bar_once_and_lightnings_last_line_whole(small_text, tmp_path):
     args = bar_args(small_text, "trainer.max_steps=6", "trainer.val_check_interval=3")
-    status, output = run_in_terminal(args, tmp_path)
+    status, output = run_in_terminal("train.py", *args, cwd=tmp_path)
     lines = screen(output)
     assert status == 0, "\n".join(lines[-40:])
     assert "Validation DataLoader 0" in output  # shown while it runs,

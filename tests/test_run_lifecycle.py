@@ -11,7 +11,6 @@ import shlex
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -23,7 +22,17 @@ import train
 from training.run import train as train_run
 from training.run_folder import RunFolder, RunFolderError, claim_new_folder
 
-from .common import ROOT, TINY, compose_config, one_error_line, run_script
+from .common import (
+    TINY_OVERRIDES,
+    assert_bit_equal,
+    compose_config,
+    one_error_line,
+    run_script,
+    runs_under,
+    snapshot,
+    start_script,
+    train_losses,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -33,7 +42,7 @@ STEPS = 12
 
 def run_args(small_text: Path, *extra: str) -> list[str]:
     return [
-        *TINY,
+        *TINY_OVERRIDES,
         f"data.path={small_text}",
         "optim.lr=2e-3",
         f"trainer.max_steps={STEPS}",
@@ -44,42 +53,9 @@ def run_args(small_text: Path, *extra: str) -> list[str]:
     ]
 
 
-def start(
-    args: list[str], cwd: Path, failpoint: str | None = None, env: dict | None = None, **popen
-) -> subprocess.Popen:
-    env = {**os.environ, **(env or {})}
-    env.pop("TINYGPT2_FAILPOINT", None)
-    if failpoint:
-        env["TINYGPT2_FAILPOINT"] = failpoint
-    return subprocess.Popen([sys.executable, str(ROOT / "train.py"), *args], cwd=cwd, env=env, text=True, **popen)
-
-
 def finish(proc: subprocess.Popen) -> tuple[str, str]:
     out, err = proc.communicate(timeout=600)
     return out or "", err or ""
-
-
-def runs_under(root: Path) -> list[Path]:
-    return sorted(p.parent for p in root.glob("[0-9]*/*/tokenizer.json"))
-
-
-def weights_and_moments(checkpoint: Path) -> list[torch.Tensor]:
-    ckpt = torch.load(checkpoint, weights_only=True)
-    moments = [t for s in ckpt["optimizer_states"][0]["state"].values() for t in (s["exp_avg"], s["exp_avg_sq"])]
-    return [*ckpt["state_dict"].values(), *moments]
-
-
-def assert_bit_equal(a: Path, b: Path) -> None:
-    for x, y in zip(weights_and_moments(a), weights_and_moments(b), strict=True):
-        assert torch.equal(x, y)
-
-
-def losses(run: Path) -> dict[int, str]:
-    return {int(r["step"]): r["train/loss"] for r in csv.DictReader(open(run / "metrics.csv")) if r.get("train/loss")}
-
-
-def snapshot(folder: Path) -> dict[str, tuple[int, int]]:
-    return {str(p.relative_to(folder)): (p.lstat().st_size, p.lstat().st_mtime_ns) for p in sorted(folder.rglob("*"))}
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +73,7 @@ def stopped_run(small_text: Path, cwd: Path, failpoint: str = "kill:7", *extra: 
     outputs in cwd)."""
     root = root or cwd / "outputs"
     before = runs_under(root)
-    proc = start(run_args(small_text, *extra, f"runs_root={root}"), cwd, failpoint)
+    proc = start_script("train.py", *run_args(small_text, *extra, f"runs_root={root}"), cwd=cwd, failpoint=failpoint)
     finish(proc)
     assert proc.returncode == -signal.SIGKILL
     (run,) = set(runs_under(root)) - set(before)
@@ -115,7 +91,7 @@ def test_the_printed_resume_command_continues_the_run_bit_for_bit(small_text, tm
     reference = run_script("train.py", *args, "runs_root=reference", cwd=tmp_path)
     assert reference.returncode == 0, reference.stderr[-2000:]
 
-    proc = start(args, tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = start_script("train.py", *args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.time() + 300
     while not list(tmp_path.glob("outputs/*/*/checkpoints/step-000020.ckpt")) and time.time() < deadline:
         time.sleep(0.01)
@@ -133,7 +109,7 @@ def test_the_printed_resume_command_continues_the_run_bit_for_bit(small_text, tm
     assert runs_under(tmp_path / "outputs") == [run]  # continued in place
     (done,) = runs_under(tmp_path / "reference")
     assert_bit_equal(run / "checkpoints" / "last.ckpt", done / "checkpoints" / "last.ckpt")
-    assert losses(run) == losses(done)
+    assert train_losses(run) == train_losses(done)
     assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == steps
     result = json.loads((run / "result.json").read_text())
     assert (
@@ -210,7 +186,7 @@ def test_a_resumed_run_may_run_longer_and_keeps_its_first_settings_file(small_te
 
 def test_a_run_killed_after_best_ckpt_and_before_any_step_file_resumes_from_it(small_text, reference, tmp_path):
     args = run_args(small_text, "checkpoint.every_n_steps=1000")  # no step file before the end; best.ckpt at step 4
-    proc = start(args, tmp_path, failpoint="kill:6")
+    proc = start_script("train.py", *args, cwd=tmp_path, failpoint="kill:6")
     finish(proc)
     (run,) = runs_under(tmp_path / "outputs")
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["best.ckpt"]
@@ -218,7 +194,7 @@ def test_a_run_killed_after_best_ckpt_and_before_any_step_file_resumes_from_it(s
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert runs_under(tmp_path / "outputs") == [run]
     assert_bit_equal(run / "checkpoints" / "last.ckpt", reference / "checkpoints" / "last.ckpt")
-    assert losses(run) == losses(reference)
+    assert train_losses(run) == train_losses(reference)
 
 
 def test_resume_auto_continues_the_run_with_these_settings_from_any_folder(small_text, tmp_path, monkeypatch):
@@ -247,7 +223,7 @@ def test_a_fine_tune_resumes_after_the_checkpoint_it_started_from_is_gone(small_
     shutil.copytree(reference, source)  # any run with a checkpoint to start from
     tuned = tmp_path / "tuned"
     args = [*(a for a in run_args(small_text) if not a.startswith(("model.", "tokenizer."))), f"init_from={source}"]
-    finish(start([*args, f"hydra.run.dir={tuned}"], tmp_path, "kill:7"))
+    finish(start_script("train.py", *args, f"hydra.run.dir={tuned}", cwd=tmp_path, failpoint="kill:7"))
     source.rename(tmp_path / "moved")
     proc = run_script("train.py", f"resume={tuned}", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -259,7 +235,7 @@ def test_a_fine_tune_resumes_after_the_checkpoint_it_started_from_is_gone(small_
 
 def test_a_sweep_stopped_by_ctrl_c_and_its_job_continued_as_printed(small_text, tmp_path):
     args = ["-m", *run_args(small_text, "trainer.max_steps=400", "checkpoint.every_n_steps=20"), "optim.lr=1e-3,3e-3"]
-    proc = start(args, tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = start_script("train.py", *args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.time() + 300
     while not list(tmp_path.glob("multirun/*/*/0/checkpoints/step-000020.ckpt")) and time.time() < deadline:
         time.sleep(0.01)
@@ -287,7 +263,7 @@ def test_an_optuna_search_records_every_trial_and_the_best(small_text, tmp_path)
         "-m",
         "hparams_search=optuna",
         "hydra.sweeper.n_trials=2",
-        *TINY,
+        *TINY_OVERRIDES,
         f"data.path={small_text}",
         "trainer.max_time=null",
         cwd=tmp_path,
@@ -311,7 +287,7 @@ def test_an_optuna_search_records_every_trial_and_the_best(small_text, tmp_path)
 def test_trainer_takes_any_lightning_argument(small_text, tmp_path):
     proc = run_script(
         "train.py",
-        *TINY,
+        *TINY_OVERRIDES,
         f"data.path={small_text}",
         "trainer.max_steps=3",
         "optim.warmup_steps=1",
@@ -344,14 +320,17 @@ def test_two_runs_started_in_the_same_second_get_two_folders(monkeypatch, small_
     assert first.folder.path.name == "09-46-02" and second.folder.path.name == "09-46-02-2"
     monkeypatch.undo()
 
-    both = [start(run_args(small_text), tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for _ in range(2)]
+    both = [
+        start_script("train.py", *run_args(small_text), cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        for _ in range(2)
+    ]
     for proc in both:
         _, err = finish(proc)
         assert proc.returncode == 0, err[-2000:]
     runs = runs_under(tmp_path / "outputs")
     assert len(runs) == 2
     for run in runs:  # each holds one whole run: its own steps, logged once each
-        assert sorted(losses(run)) == list(range(STEPS))
+        assert sorted(train_losses(run)) == list(range(STEPS))
 
 
 def test_a_second_process_on_a_running_run_is_refused(small_text, tmp_path):
@@ -359,7 +338,9 @@ def test_a_second_process_on_a_running_run_is_refused(small_text, tmp_path):
     args = run_args(
         small_text, "trainer.max_steps=1000000", "trainer.val_check_interval=1000000", "checkpoint.every_n_steps=50"
     )
-    proc = start([*args, f"hydra.run.dir={run}"], tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = start_script(
+        "train.py", *args, f"hydra.run.dir={run}", cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     try:
         deadline = time.time() + 300
         while not (run / "checkpoints" / "step-000050.ckpt").exists() and time.time() < deadline:
@@ -382,13 +363,13 @@ def test_a_folder_of_the_users_own_files_is_refused_and_left_as_it_was(small_tex
     (mine / "notes.txt").write_text("my notes")
     (mine / "src" / "main.py").write_text("print('mine')")
     (mine / "config.yaml").write_text("mine: true\n")
-    before = snapshot(mine)
+    before = snapshot(mine, itself=False)  # the refusal takes the folder's lock and gives it back: its time changes
     proc = run_script("train.py", *run_args(small_text), f"hydra.run.dir={mine}", cwd=tmp_path)
     assert proc.returncode == 1
     assert "holds files that are not a run's (config.yaml, notes.txt, src)" in one_error_line(proc.stderr)
     with pytest.raises(RunFolderError, match="holds files that are not a run's"):  # the Python API too
         train_run(compose_config(*run_args(small_text)), mine)
-    assert snapshot(mine) == before and (mine / "config.yaml").read_text() == "mine: true\n"
+    assert snapshot(mine, itself=False) == before and (mine / "config.yaml").read_text() == "mine: true\n"
 
 
 def test_a_requeued_slurm_job_continues_its_run(small_text, reference, tmp_path, monkeypatch):
@@ -402,7 +383,9 @@ def test_a_requeued_slurm_job_continues_its_run(small_text, reference, tmp_path,
         "SLURM_LOCALID": "0",
         "SLURM_NODEID": "0",
     }
-    first = start(run_args(small_text), tmp_path, "kill:7", env=slurm)
+    first = start_script(
+        "train.py", *run_args(small_text), cwd=tmp_path, failpoint="kill:7", env={**os.environ, **slurm}
+    )
     finish(first)
     run = tmp_path / "outputs" / "slurm-4242"
     assert first.returncode == -signal.SIGKILL and (run / "checkpoints" / "step-000006.ckpt").is_file()

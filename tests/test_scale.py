@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from .common import TINY, TINY_MODEL, run_script
+from .common import TINY_MODEL_OVERRIDES, TINY_OVERRIDES, checkpoint_weights, only_run, run_script
 
 pytestmark = pytest.mark.slow
 
@@ -19,13 +19,13 @@ def final(run):
 
 
 def weights(run):
-    return torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    return checkpoint_weights(run / "checkpoints" / "last.ckpt")
 
 
 def test_ddp_on_two_processes_matches_one_process_with_the_same_global_batch(small_text, tmp_path):
     # as the README shows it: no hydra.run.dir; the processes Lightning starts find the run folder themselves
     common = [
-        *TINY,
+        *TINY_OVERRIDES,
         f"data.path={small_text}",
         "trainer.max_steps=6",
         "trainer.val_check_interval=3",
@@ -58,14 +58,8 @@ def test_ddp_on_two_processes_matches_one_process_with_the_same_global_batch(sma
     assert len(list(csv.DictReader(open(ddp / "metrics.csv")))) > 0
 
 
-def only_run(runs_root):
-    runs = [p.parent for p in runs_root.glob("*/*/config.yaml")]
-    assert len(runs) == 1, runs
-    return runs[0]
-
-
 def test_sweep_as_the_readme_shows_it_puts_every_job_in_one_folder_and_summarises(small_text, tmp_path):
-    proc = run_script("train.py", "-m", *TINY, f"data.path={small_text}", "optim.lr=1e-3,3e-3", cwd=tmp_path)
+    proc = run_script("train.py", "-m", *TINY_OVERRIDES, f"data.path={small_text}", "optim.lr=1e-3,3e-3", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     (sweep,) = (tmp_path / "multirun").glob("*/*")  # one sweep folder, though the jobs started seconds apart
     assert sorted(p.name for p in sweep.iterdir() if p.is_dir()) == ["0", "1"]
@@ -85,7 +79,12 @@ def test_sweep_as_the_readme_shows_it_puts_every_job_in_one_folder_and_summarise
 def test_compiled_model_saves_plain_weight_names(small_text, tmp_path):
     run = tmp_path / "compiled"
     proc = run_script(
-        "train.py", *TINY, f"data.path={small_text}", "compile=true", "trainer.max_steps=3", f"hydra.run.dir={run}"
+        "train.py",
+        *TINY_OVERRIDES,
+        f"data.path={small_text}",
+        "compile=true",
+        "trainer.max_steps=3",
+        f"hydra.run.dir={run}",
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     keys = list(weights(run))
@@ -95,7 +94,12 @@ def test_compiled_model_saves_plain_weight_names(small_text, tmp_path):
 def test_debug_preset_runs_with_everything_on(small_text, tmp_path):
     run = tmp_path / "debug"
     proc = run_script(
-        "train.py", "debug=default", *TINY_MODEL, "data.batch_size=8", f"data.path={small_text}", f"hydra.run.dir={run}"
+        "train.py",
+        "debug=default",
+        *TINY_MODEL_OVERRIDES,
+        "data.batch_size=8",
+        f"data.path={small_text}",
+        f"hydra.run.dir={run}",
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     for name in ("checkpoints/last.ckpt", "metrics.csv", "loss.png", "samples.md", "tensorboard"):

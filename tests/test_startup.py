@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from .common import TINY, run_script
+from .common import TINY_OVERRIDES, run_script
 
 # What generate.py never needs: the training stack, the trackers, Hugging Face's libraries, plotting
 NOT_FOR_GENERATING = {
@@ -89,7 +89,7 @@ def test_a_run_without_the_wandb_logger_imports_no_wandb_and_no_transformers_of_
     """logger=csv: wandb is never imported. transformers and matplotlib may come in only with
     Lightning, whose torchmetrics imports them whenever they are installed; matplotlib also when
     loss.png is drawn at the end."""
-    proc = run_script("train.py", *TINY, f"data.path={small_text}", "data.num_proc=1", env=profiled_env())
+    proc = run_script("train.py", *TINY_OVERRIDES, f"data.path={small_text}", "data.num_proc=1", env=profiled_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
     tree = import_tree(proc.stderr)
     imported = packages(tree)

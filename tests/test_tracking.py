@@ -19,7 +19,7 @@ from training.loggers import flat_settings, wandb_credentials_present, wandb_mod
 from training.run import train
 from training.run_folder import RunFolder
 
-from .common import TINY, compose_config
+from .common import TINY_OVERRIDES, compose_config
 
 METRICS = {
     "train/loss",
@@ -39,7 +39,7 @@ def tracked_run(tmp_path_factory, small_text):
     """One tiny run with every logger on."""
     run = tmp_path_factory.mktemp("tracked") / "run"
     cfg = compose_config(
-        *TINY,
+        *TINY_OVERRIDES,
         f"data.path={small_text}",
         "logger=[wandb,tensorboard,csv]",
         "trainer.max_steps=8",

@@ -7,62 +7,49 @@ import math
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from generation.checkpoint import load_checkpoint
-from model import GPT
-from training.checks import SettingError
+from model import GPT, GPTConfig
+from training.checks import SettingError, check_values
 from training.run import train
+from training.settings import global_batch
 
-from .common import ROOT, TINY, compose_config, run_script
-
-
-def test_required_overrides_compose(small_text, tmp_path):
-    cfg = compose_config(
-        "model=nano",
-        "data=shakespeare",
-        f"data.path={small_text}",
-        "trainer.max_steps=7",
-        "trainer.val_check_interval=3",
-        "optim.lr=0.002",
-        "seed=5",
-        "logger=csv",
-    )
-    assert cfg.model.n_layer == 4 and cfg.data.path == str(small_text) and cfg.trainer.max_steps == 7
-    assert cfg.optim.lr == 0.002 and cfg.seed == 5 and list(cfg.logger) == ["csv"]
-    cfg = compose_config("data=text", f"data.path={small_text}", "logger=wandb")
-    assert cfg.data.source == "text" and list(cfg.logger) == ["wandb"]
-    assert list(compose_config().logger) == ["wandb", "csv"]  # the default: both
-    for preset, layers in [("baby", 6), ("gpt2", 12), ("gpt2-medium", 24), ("gpt2-large", 36), ("gpt2-xl", 48)]:
-        assert compose_config(f"model={preset}").model.n_layer == layers
+from .common import ROOT, TINY_OVERRIDES, compose_config, run_script
 
 
-def test_experiments_list_only_what_differs_and_compose():
-    cpu = compose_config("experiment=shakespeare_char_cpu")
-    assert (cpu.model.n_layer, cpu.model.n_head, cpu.model.n_embd, cpu.model.block_size) == (4, 4, 128, 64)
-    assert (cpu.data.batch_size, cpu.trainer.max_steps, cpu.tokenizer.kind, cpu.data.source) == (
-        12,
-        2000,
-        "char",
-        "shakespeare",
-    )
-    baby = compose_config("experiment=shakespeare_baby")
-    assert (baby.model.n_layer, baby.model.n_embd, baby.model.block_size, baby.tokenizer.kind) == (6, 384, 256, "char")
-    owt = compose_config("experiment=gpt2_owt", "tokenizer.path=/models/gpt2")
-    assert (owt.model.n_layer, owt.model.n_embd, owt.data.source, owt.data.name) == (
-        12,
-        768,
-        "hub",
-        "Skylion007/openwebtext",
-    )
-    assert (owt.tokens_per_step, owt.trainer.strategy, owt.tokenizer.kind) == (491520, "ddp", "pretrained")
-    for name in ("shakespeare_char_cpu", "shakespeare_baby", "gpt2_owt"):  # only what differs
-        lines = (ROOT / "configs" / "experiment" / f"{name}.yaml").read_text().splitlines()
-        assert len([line for line in lines if line.strip() and not line.lstrip().startswith("#")]) < 45
+@pytest.mark.parametrize(
+    "preset, released",
+    [("gpt2", 124_439_808), ("gpt2-medium", 354_823_168), ("gpt2-large", 774_030_080), ("gpt2-xl", 1_557_611_200)],
+)
+def test_each_gpt2_preset_with_gpt2s_vocabulary_has_the_released_parameter_count(preset, released):
+    """configs/model/<preset>.yaml maps onto GPTConfig field for field and gives the released shape."""
+    model = OmegaConf.to_container(compose_config(f"model={preset}", "model.vocab_size=50257").model)
+    with torch.device("meta"):  # the shape without the memory for its weights
+        gpt = GPT(GPTConfig.from_dict(model))
+    assert gpt.num_parameters() == released
+
+
+EXPERIMENTS = sorted(path.stem for path in (ROOT / "configs" / "experiment").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_each_experiment_composes_into_settings_that_pass_the_checks(experiment):
+    """configs/experiment/<experiment>.yaml composes into settings train.py accepts (no misspelt or
+    out-of-range setting), with a global batch that the devices it names can share."""
+    cfg = compose_config(f"experiment={experiment}")
+    if cfg.tokenizer.kind == "pretrained" and not cfg.tokenizer.get("path"):  # the user names their copy
+        cfg = compose_config(f"experiment={experiment}", "tokenizer.path=/models/gpt2")
+    values = check_values(OmegaConf.to_container(cfg, resolve=True))
+    devices = values["trainer"].get("devices")
+    global_batch(values, devices if isinstance(devices, int) else 1)
 
 
 @pytest.mark.slow
 def test_a_composed_config_trains_and_writes_a_checkpoint_that_generates(small_text, tmp_path):
-    cfg = compose_config(*TINY, f"data.path={small_text}", "trainer.max_steps=30", "trainer.val_check_interval=10")
+    cfg = compose_config(
+        *TINY_OVERRIDES, f"data.path={small_text}", "trainer.max_steps=30", "trainer.val_check_interval=10"
+    )
     result = train(cfg, tmp_path / "run")
 
     run = tmp_path / "run"
@@ -70,8 +57,8 @@ def test_a_composed_config_trains_and_writes_a_checkpoint_that_generates(small_t
         assert (run / name).is_file(), name
     metrics = result.metrics
     assert metrics["val/loss"] < math.log(300)  # better than uniform over the vocabulary: it learned
-    tokens_per_char = load_checkpoint(run).config  # the config travels with the weights
-    assert tokens_per_char["model"]["n_layer"] == 2
+    saved = load_checkpoint(run).config  # the config travels with the weights
+    assert saved["model"]["n_layer"] == 2
 
     rows = list(csv.DictReader(open(run / "metrics.csv")))
     logged = {key for row in rows for key, value in row.items() if value}
@@ -93,7 +80,7 @@ def test_a_composed_config_trains_and_writes_a_checkpoint_that_generates(small_t
 
 
 def test_bits_per_character_follow_from_the_loss(small_text, tmp_path):
-    cfg = compose_config(*TINY, f"data.path={small_text}")
+    cfg = compose_config(*TINY_OVERRIDES, f"data.path={small_text}")
     result = train(cfg, tmp_path / "run")
     from data.datamodule import TextDataModule  # the same data the run used
 
@@ -106,7 +93,9 @@ def test_the_progress_bar_redraws_at_most_so_often_and_ends_on_the_last_step(sma
     from training.callbacks import ProgressBar
 
     monkeypatch.setattr(ProgressBar, "REDRAW_SECONDS", 1e9)  # only the first and the last step redraw
-    cfg = compose_config(*TINY, f"data.path={small_text}", "trainer.enable_progress_bar=true", "trainer.max_steps=12")
+    cfg = compose_config(
+        *TINY_OVERRIDES, f"data.path={small_text}", "trainer.enable_progress_bar=true", "trainer.max_steps=12"
+    )
     train(cfg, tmp_path / "run")
     drawn = [line for line in capfd.readouterr().out.replace("\r", "\n").splitlines() if line.startswith("training:")]
     counts = [line.split("|")[2].split()[0] for line in drawn]  # "n/total"
@@ -126,7 +115,7 @@ def test_extra_callbacks_run_at_every_step_after_the_runs_own(small_text, tmp_pa
             self.order = [type(c).__name__ for c in trainer.callbacks]
 
     steps = Steps()
-    train(compose_config(*TINY, f"data.path={small_text}"), tmp_path / "run", extra_callbacks=[steps])
+    train(compose_config(*TINY_OVERRIDES, f"data.path={small_text}"), tmp_path / "run", extra_callbacks=[steps])
     assert steps.steps == 6
     assert steps.order.index("Steps") > steps.order.index("Throughput")
 
@@ -136,7 +125,7 @@ def test_extra_callbacks_run_at_every_step_after_the_runs_own(small_text, tmp_pa
     [("trainer.max_steps=0", "max_steps"), ("optim.lr=0", "optim.lr"), ("data.batch_size=0", "batch_size")],
 )
 def test_bad_settings_are_refused_before_training(override, message, small_text, tmp_path):
-    cfg = compose_config(*TINY, f"data.path={small_text}", override)
+    cfg = compose_config(*TINY_OVERRIDES, f"data.path={small_text}", override)
     with pytest.raises(SettingError, match=message):
         train(cfg, tmp_path / "run")
 
@@ -146,7 +135,7 @@ def test_train_py_command_line_end_to_end(small_text, tmp_path):
     run = tmp_path / "outputs" / "run1"
     latest = tmp_path / "outputs" / "latest"
     args = [
-        *TINY,
+        *TINY_OVERRIDES,
         "data=text",
         f"data.path={small_text}",
         f"hydra.run.dir={run}",
@@ -168,7 +157,7 @@ def test_train_py_command_line_end_to_end(small_text, tmp_path):
 def test_train_py_reports_bad_input_in_one_line(small_text, tmp_path):
     proc = run_script(
         "train.py",
-        *TINY,
+        *TINY_OVERRIDES,
         f"data.path={small_text}",
         "model.n_head=4",
         "model.n_embd=30",

@@ -1,9 +1,11 @@
-"""Tiny real models for the generation and Hugging Face tests.
+"""Tiny real models: the one tiny shape, and models of it, untrained or trained.
 
-A byte-level BPE trained on the tests' text (Tiny Shakespeare where the machine has it), a 2-layer,
-32-wide GPT trained on it for a few dozen steps (so greedy decoding writes varied tokens, not one
-token over and over), saved three ways: as a tinygpt2 checkpoint (the dict training writes), and as
-a Hugging Face folder written by `transformers` itself.
+`tiny_config` and `untrained_gpt`: the shape as a GPTConfig and a freshly initialised GPT of it, for
+tests of the maths, where any weights do. The fixtures: a byte-level BPE trained on the tests' text
+(Tiny Shakespeare where the machine has it), a GPT of the tiny shape trained on it for a few dozen
+steps (so greedy decoding writes varied tokens, not one token over and over), saved two ways: as a
+tinygpt2 checkpoint (the dict training writes), and as a Hugging Face folder written by
+`transformers` itself.
 """
 
 from __future__ import annotations
@@ -20,13 +22,25 @@ from model import GPT, GPTConfig
 from model.hf import hf_config_dict, to_hf_state_dict
 
 TINY_SHAPE = dict(n_layer=2, n_head=4, n_embd=32, block_size=32, dropout=0.0)
+TINY_VOCAB = 64  # the vocabulary of a tiny model made without a tokenizer
 EOT = "<|endoftext|>"
+
+
+def tiny_config(**overrides) -> GPTConfig:
+    """The tiny shape, with TINY_VOCAB tokens unless told otherwise."""
+    return GPTConfig(**{**TINY_SHAPE, "vocab_size": TINY_VOCAB, **overrides})
+
+
+def untrained_gpt(seed: int = 0, **overrides) -> GPT:
+    """A tiny GPT as GPT-2's initialisation leaves it, in eval mode, the same for the same seed."""
+    torch.manual_seed(seed)
+    return GPT(tiny_config(**overrides)).eval()
 
 
 def train_tiny_gpt(tokenizer: Tokenizer, text: str, steps: int = 200, seed: int = 0, **overrides) -> GPT:
     """A tiny GPT fitted for a few steps on random windows of text (seconds on a CPU)."""
     torch.manual_seed(seed)
-    config = GPTConfig(**{**TINY_SHAPE, "vocab_size": tokenizer.get_vocab_size(), **overrides})
+    config = tiny_config(vocab_size=tokenizer.get_vocab_size(), **overrides)
     gpt = GPT(config)
     ids = torch.tensor(tokenizer.encode(text).ids)
     optimizer = torch.optim.AdamW(gpt.parameters(), lr=1e-2)
