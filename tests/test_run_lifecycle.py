@@ -197,6 +197,20 @@ def test_a_run_killed_after_best_ckpt_and_before_any_step_file_resumes_from_it(s
     assert train_losses(run) == train_losses(reference)
 
 
+def test_a_newest_checkpoint_cut_short_is_passed_over_with_a_warning(small_text, reference, tmp_path):
+    run = stopped_run(small_text, tmp_path)  # step files 2, 4, 6 and best.ckpt (step 4)
+    newest = run / "checkpoints" / "step-000006.ckpt"
+    with open(newest, "r+b") as file:  # a copy that stopped part way
+        file.truncate(newest.stat().st_size // 2)
+    resumed = run_script("train.py", f"resume={run}", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    said = resumed.stdout + resumed.stderr
+    assert f"{newest} cannot be read (cut short or damaged); passed over" in said
+    assert f"continuing from {run / 'checkpoints' / 'step-000004.ckpt'}, the newest checkpoint that can be read" in said
+    assert_bit_equal(run / "checkpoints" / "last.ckpt", reference / "checkpoints" / "last.ckpt")
+    assert train_losses(run) == train_losses(reference)
+
+
 def test_resume_auto_continues_the_run_with_these_settings_from_any_folder(small_text, tmp_path, monkeypatch):
     runs = tmp_path / "runs"
     slow = stopped_run(small_text, tmp_path, "kill:7", "optim.lr=1e-3", root=runs)

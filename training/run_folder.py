@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
 import re
 import shutil
@@ -28,6 +29,8 @@ from typing import Any
 import yaml
 
 from generation.checkpoint import BEST_NAME, CHECKPOINTS_DIR, LAST_NAME, CheckpointError, checkpoint_step
+
+log = logging.getLogger(__name__)
 
 
 class RunFolderError(ValueError):
@@ -168,13 +171,24 @@ class RunFolder:
     # ---- checkpoints to continue from --------------------------------------------------------------
 
     def checkpoint_to_resume(self) -> Path | None:
-        """The newest checkpoint holding the whole training state: the newest step file, or best.ckpt
-        when it was written later (a run killed after a validation but before its next step file)."""
-        steps = self.step_checkpoints()
-        newest = steps[-1] if steps else None
-        if self.best.is_file() and (newest is None or step_of(self.best) > step_of(newest)):
-            return self.best
-        return newest
+        """The newest readable checkpoint holding the whole training state: the newest step file, or
+        best.ckpt when it was written later (a run killed after a validation but before its next step
+        file). A file that cannot be read (cut short, damaged) is passed over with a warning naming it;
+        when none can be read, the newest is returned, and reading it says what is wrong."""
+        candidates = [*self.step_checkpoints(), *([self.best] if self.best.is_file() else [])]
+        readable = []
+        for path in candidates:
+            step = step_of(path)
+            if step < 0:
+                log.warning("%s cannot be read (cut short or damaged); passed over", path)
+            else:
+                readable.append((step, path is self.best, path))  # on a tie, the step file
+        if not readable:
+            return candidates[-1] if candidates else None
+        chosen = max(readable, key=lambda found: (found[0], not found[1]))[2]
+        if len(readable) < len(candidates):
+            log.warning("continuing from %s, the newest checkpoint that can be read", chosen)
+        return chosen
 
     def checkpoint_named(self, resume: str | os.PathLike) -> Path:
         """The checkpoint resume= names in this run: the file given, else the one to resume from."""
