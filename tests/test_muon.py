@@ -15,11 +15,14 @@ from training.optim import MuonAdamW, block_matrices
 from .common import TINY_OVERRIDES, only_run, run_script
 from .tiny import TINY_VOCAB, tiny_config
 
+NEEDS_MUON = pytest.mark.skipif(not hasattr(torch.optim, "Muon"), reason="optim=muon needs torch 2.9 or newer")
+
 
 def muon_of(model: GPT) -> MuonAdamW:
     return MuonAdamW(model, lr=1e-2, weight_decay=0.1, betas=(0.9, 0.99), momentum=0.95)
 
 
+@NEEDS_MUON
 def test_each_parameter_has_one_optimizer_and_the_hidden_matrices_have_muon():
     model = GPT(tiny_config())
     optimizer = muon_of(model)
@@ -39,6 +42,7 @@ def test_each_parameter_has_one_optimizer_and_the_hidden_matrices_have_muon():
     assert all(g["lr"] == 0.5 for opt in (optimizer.muon, optimizer.adamw) for g in opt.param_groups)
 
 
+@NEEDS_MUON
 def test_a_step_moves_every_parameter_and_the_state_round_trips():
     torch.manual_seed(0)
     model = GPT(tiny_config())
@@ -65,6 +69,7 @@ def test_a_step_moves_every_parameter_and_the_state_round_trips():
     assert len(optimizer.state) == sum(1 for _ in model.parameters())
 
 
+@NEEDS_MUON
 def test_an_adamw_state_is_refused_by_muon():
     model = GPT(tiny_config())
     adamw = torch.optim.AdamW(model.parameters())
@@ -88,6 +93,7 @@ def assert_same(a, b, where: str = "") -> None:
         assert a == b, where
 
 
+@NEEDS_MUON
 @pytest.mark.slow
 def test_a_killed_muon_run_resumes_bit_for_bit_with_the_command_it_is_told(small_text, tmp_path):
     args = [

@@ -186,17 +186,12 @@ def choose_strategy(name: Any):
 
 
 def check_fsdp(values: dict[str, Any]) -> None:
-    """What trainer.strategy=fsdp cannot do. optim=muon's optimizer is two in one, whose state FSDP
-    cannot gather whole: refused. Text samples are written by the first process alone, and a sharded
-    model computes only with every process taking part: turned off, in one warning line (generate.py
-    samples from the checkpoints)."""
+    """What trainer.strategy=fsdp cannot do (optim=muon is refused with the other settings that do not
+    go together, in training.checks). Text samples are written by the first process alone, and a
+    sharded model computes only with every process taking part: turned off, in one warning line
+    (generate.py samples from the checkpoints)."""
     if values["trainer"].get("strategy") != "fsdp":
         return
-    if values["optim"].get("name") == "muon":
-        raise SettingError(
-            "optim=muon does not work with trainer.strategy=fsdp (its checkpoint cannot gather the state of its "
-            "two optimizers); use optim=adamw, or trainer.strategy=ddp"
-        )
     if values["samples"]["enabled"]:
         values["samples"]["enabled"] = False
         log.warning(
