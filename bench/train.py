@@ -1,7 +1,7 @@
 """Training speed: train.py's path (Lightning, our data module, every callback) against a bare PyTorch
 loop over the same model, data and optimizer, the two taking turns step by step in one process.
 
-    python bench/train.py            # nanoGPT's CPU recipe shape and the baby shape, eager and compiled (~15 min)
+    python bench/train.py            # nanoGPT's CPU recipe shape and the baby shape, eager and compiled (12-15 min)
     python bench/train.py --quick    # fewer steps, one run per shape, no compiled runs
 
 The run is `training.run.train`, what `python train.py` calls, on a config composed from the same
