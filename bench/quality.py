@@ -5,7 +5,7 @@ project promises, beside a peer measured in the same run.
     python bench/quality.py --budget 75s --repeats 3          # experiment=shakespeare_75s and nanoGPT's CPU recipe, 75 s each
     python bench/quality.py --budget default --repeats 3      # the default `python train.py`, whole process, and the previous default
     python bench/quality.py --budget default --text pydoc     # the same on a second text: Python's help texts
-    python bench/quality.py --budget 75s --runs experiment=shakespeare_75s 'experiment=shakespeare_75s model.n_embd=128'
+    python bench/quality.py --budget 75s --runs experiment=shakespeare_75s 'experiment=shakespeare_75s model.n_layer=3'
 
 75s: each run is the real `python train.py` with trainer.max_time=75 s (the learning rate decays over
 the time budget) and one validation over the whole validation split at the end. default: each run is
