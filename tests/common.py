@@ -240,20 +240,36 @@ def checkpoint_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
     return torch.load(checkpoint, weights_only=True)["state_dict"]
 
 
-def adam_moments(checkpoint: Path) -> list[torch.Tensor]:
-    """AdamW's two moments of every parameter, in the optimizer's order."""
-    state = torch.load(checkpoint, weights_only=True)["optimizer_states"][0]["state"]
-    return [t for moments in state.values() for t in (moments["exp_avg"], moments["exp_avg_sq"])]
+def assert_same(a, b, where: str = "") -> None:
+    """Two nested dicts, lists or tensors are equal, tensors bit for bit."""
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for key in a:
+            assert_same(a[key], b[key], f"{where}.{key}")
+    elif isinstance(a, list | tuple):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert_same(x, y, f"{where}[{i}]")
+    elif torch.is_tensor(a):
+        assert torch.equal(a, b), f"{where} differs"
+    else:
+        assert a == b, where
+
+
+def per_parameter_state(optimizer_state: dict) -> dict:
+    """An optimizer's state_dict without its param_groups (whose lr the schedule moves on every step):
+    AdamW's moments, or for optim=muon its two optimizers' states."""
+    if "state" in optimizer_state:
+        return optimizer_state["state"]
+    return {part: per_parameter_state(inner) for part, inner in optimizer_state.items()}
 
 
 def assert_bit_equal(a: Path, b: Path) -> None:
-    """Two checkpoints hold the very same weights and AdamW moments."""
-    weights_a, weights_b = checkpoint_weights(a), checkpoint_weights(b)
-    assert weights_a.keys() == weights_b.keys()
-    for key in weights_a:
-        assert torch.equal(weights_a[key], weights_b[key]), f"{key} differs"
-    for moment_a, moment_b in zip(adam_moments(a), adam_moments(b), strict=True):
-        assert torch.equal(moment_a, moment_b)
+    """Two checkpoints hold the very same weights and optimizer state (AdamW's moments, or Muon's)."""
+    first, second = (torch.load(path, weights_only=True) for path in (a, b))
+    assert_same(first["state_dict"], second["state_dict"], "state_dict")
+    for i, (mine, theirs) in enumerate(zip(first["optimizer_states"], second["optimizer_states"], strict=True)):
+        assert_same(per_parameter_state(mine), per_parameter_state(theirs), f"optimizer_states[{i}]")
 
 
 def train_losses(run: Path) -> dict[int, str]:

@@ -471,18 +471,12 @@ def check_together(values: dict[str, Any]) -> None:
             f"reach optim.lr; use fewer warmup steps (e.g. optim.warmup_steps={max(0, max_steps // 10)})"
         )
     if optim.get("name") == "muon":
-        import torch
-
         if optim.get("momentum") is None:
             raise SettingError("optim.name=muon needs optim.momentum; choose the group instead: optim=muon")
         if trainer.get("strategy") == "fsdp":  # its state is two optimizers', which FSDP cannot gather whole
             raise SettingError(
                 "optim=muon does not work with trainer.strategy=fsdp (its checkpoint cannot gather the state of its "
                 "two optimizers); use optim=adamw, or trainer.strategy=ddp"
-            )
-        if not hasattr(torch.optim, "Muon"):
-            raise SettingError(
-                f"optim=muon needs torch 2.9 or newer (torch.optim.Muon); this is torch {torch.__version__}"
             )
     if values.get("tokens_per_step") is not None and (trainer.get("accumulate_grad_batches") or 1) != 1:
         raise SettingError("set either tokens_per_step or trainer.accumulate_grad_batches, not both")

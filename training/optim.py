@@ -119,6 +119,97 @@ def block_matrices(model: nn.Module) -> list[nn.Parameter]:
     return found
 
 
+def orthogonalize(matrix: torch.Tensor, coefficients, steps: int, eps: float) -> torch.Tensor:
+    """Newton-Schulz iterations that take a matrix towards the nearest one with all singular values
+    about 1 (U V^T of its SVD), as torch.optim.Muon does, in bfloat16 on GPUs, where it is fast, and in
+    float32 (or the matrix's wider type) elsewhere: a CPU without bfloat16 units multiplies bfloat16 matrices some 30 times slower."""
+    a, b, c = coefficients
+    x = matrix.to(torch.bfloat16 if matrix.is_cuda else torch.promote_types(matrix.dtype, torch.float32))
+    wide = x.size(0) <= x.size(1)
+    if not wide:
+        x = x.T  # the Gram matrix x x^T is then the smaller of the two
+    x = x / x.norm().clamp(min=eps)  # singular values at most 1
+    for _ in range(steps):
+        gram = x @ x.T
+        x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+    return x if wide else x.T
+
+
+def update_scale(shape: torch.Size, adjust_lr_fn: str | None) -> float:
+    """How much the learning rate is scaled for a matrix of this shape (torch.optim.Muon's adjust_lr_fn):
+    "match_rms_adamw" gives the update the size an AdamW update has; "original" or None, sqrt(rows / cols)
+    for tall matrices."""
+    rows, cols = shape[:2]
+    if adjust_lr_fn == "match_rms_adamw":
+        return 0.2 * math.sqrt(max(rows, cols))
+    return math.sqrt(max(1.0, rows / cols))
+
+
+NEWTON_SCHULZ = (3.4445, -4.7750, 2.0315)  # the quintic's coefficients (torch.optim.Muon's, from Muon's authors)
+
+
+class Muon(torch.optim.Optimizer):
+    """Muon as torch.optim.Muon (torch 2.9+) defines it, with the same settings and state (one momentum
+    buffer per matrix, so either loads the other's state_dict): momentum, Nesterov's look-ahead, the
+    update orthogonalised by `orthogonalize`, decoupled weight decay, the step scaled by `update_scale`.
+    Written here so that it runs on every torch the project supports, and on a CPU in float32, where
+    torch's, orthogonalising in bfloat16, spends about a second a step on the default model."""
+
+    def __init__(
+        self,
+        params,
+        lr: float = 1e-3,
+        weight_decay: float = 0.1,
+        momentum: float = 0.95,
+        nesterov: bool = True,
+        ns_coefficients: tuple[float, float, float] = NEWTON_SCHULZ,
+        eps: float = 1e-7,
+        ns_steps: int = 5,
+        adjust_lr_fn: str | None = None,
+    ):
+        if lr < 0 or weight_decay < 0 or momentum < 0:
+            raise ValueError(f"lr, weight_decay and momentum must be >= 0, got {lr}, {weight_decay}, {momentum}")
+        if adjust_lr_fn not in (None, "original", "match_rms_adamw"):
+            raise ValueError(f"adjust_lr_fn must be None, 'original' or 'match_rms_adamw', got {adjust_lr_fn!r}")
+        defaults = dict(
+            lr=lr,
+            weight_decay=weight_decay,
+            momentum=momentum,
+            nesterov=nesterov,
+            ns_coefficients=tuple(ns_coefficients),
+            eps=eps,
+            ns_steps=ns_steps,
+            adjust_lr_fn=adjust_lr_fn,
+        )
+        super().__init__(params, defaults)
+        for group in self.param_groups:
+            for param in group["params"]:
+                if param.dim() != 2:
+                    raise ValueError(f"Muon takes matrices only; got a parameter of shape {tuple(param.shape)}")
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            lr, momentum = float(group["lr"]), group["momentum"]
+            for param in group["params"]:
+                if param.grad is None:
+                    continue
+                grad, state = param.grad, self.state[param]
+                if "momentum_buffer" not in state:
+                    state["momentum_buffer"] = torch.zeros_like(grad)
+                buffer = state["momentum_buffer"]
+                buffer.lerp_(grad, 1 - momentum)
+                update = grad.lerp(buffer, momentum) if group["nesterov"] else buffer
+                update = orthogonalize(update, group["ns_coefficients"], group["ns_steps"], group["eps"])
+                param.mul_(1 - lr * group["weight_decay"])
+                param.add_(update.to(param.dtype), alpha=-lr * update_scale(param.shape, group["adjust_lr_fn"]))
+        return loss
+
+
 class MuonAdamW(torch.optim.Optimizer):
     """Muon (momentum, then the update orthogonalised by Newton-Schulz iterations) for the blocks' weight
     matrices, AdamW for embeddings, biases and LayerNorm gains, seen by Lightning and the learning-rate
@@ -130,9 +221,7 @@ class MuonAdamW(torch.optim.Optimizer):
         matrices = block_matrices(model)
         chosen = {id(p) for p in matrices}
         rest = [p for p in model.parameters() if p.requires_grad and id(p) not in chosen]
-        self.muon = torch.optim.Muon(
-            matrices, lr=lr, weight_decay=weight_decay, momentum=momentum, adjust_lr_fn="match_rms_adamw"
-        )
+        self.muon = Muon(matrices, lr=lr, weight_decay=weight_decay, momentum=momentum, adjust_lr_fn="match_rms_adamw")
         decay = [p for p in rest if p.dim() >= 2]  # the embeddings (one of them tied to the output layer)
         no_decay = [p for p in rest if p.dim() < 2]
         groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
