@@ -14,7 +14,7 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from omegaconf import OmegaConf
@@ -98,6 +98,12 @@ FALLBACK_PASSES = 6
 # Trainer settings resolved here rather than passed to lightning.Trainer as they are.
 RESOLVED_TRAINER_KEYS = ("strategy", "precision", "accumulate_grad_batches")
 
+# Settings that, left null, are chosen for the machine (bf16 and compile on a CUDA GPU, 32-bit and eager on
+# a CPU). The saved settings list under this key those a run's command line left to the machine, so that
+# a run continued on other hardware (started on a GPU, resumed on a laptop) is given that machine's choice.
+MACHINE_CHOSEN = "chosen_for_the_machine"
+MACHINE_KEYS = ("trainer.precision", "compile")
+
 
 @dataclass
 class RunSettings:
@@ -108,6 +114,7 @@ class RunSettings:
     accumulation: int
     resume_from: Path | None = None  # the checkpoint a continued run starts from
     resume_step: int | None = None  # and its step
+    machine_chosen: tuple[str, ...] = ()  # the MACHINE_KEYS chosen for the machine, not by the command line
 
     @property
     def tokenizer_json(self) -> str:
@@ -141,6 +148,7 @@ class RunSettings:
         return {
             **copy.deepcopy(self.values),
             PREPARED: {"cache_key": self.tokens.key, "source": self.tokens.meta.get("source")},
+            MACHINE_CHOSEN: list(self.machine_chosen),
         }
 
 
@@ -285,7 +293,13 @@ def resolve(requested: dict[str, Any], named: Iterable[str] = ()) -> tuple[RunSe
             discard(tokens)
         raise
     values["trainer"]["accumulate_grad_batches"] = accumulation
-    return RunSettings(values, model, tokens, world_size, accumulation), start
+    chosen = left_to_the_machine(requested)
+    return RunSettings(values, model, tokens, world_size, accumulation, machine_chosen=chosen), start
+
+
+def left_to_the_machine(requested: dict[str, Any]) -> tuple[str, ...]:
+    """The MACHINE_KEYS a config leaves null, for check() to choose for the machine."""
+    return tuple(key for key in MACHINE_KEYS if lookup(requested, key) in (None, ABSENT))
 
 
 def size_to_fallback(values: dict[str, Any], tokens: TokenCache, named: Iterable[str]) -> None:
@@ -320,7 +334,12 @@ def size_to_fallback(values: dict[str, Any], tokens: TokenCache, named: Iterable
 
 def resolve_resumed(checkpoint: Path, requested: dict[str, Any], named: Iterable[str]) -> RunSettings:
     """A continued run's settings: its checkpoint's, with what the command line may change applied."""
-    values, world_size, step, tokenizer = continue_settings(checkpoint, requested, named)
+    values, world_size, step, tokenizer, chosen, changed = continue_settings(checkpoint, requested, named)
+    for key, (was, now) in changed.items():
+        log.warning(
+            f"{key}={shown(was)} was chosen for the machine this run started on; on this one it continues with "
+            f"{key}={shown(now)} (give {key}={shown(was)} to keep the other)"
+        )
     tokens = prepare(values, given=tokenizer if values.get("init_from") else None)
     if tokenizer is not None and tokens.tokenizer_json != tokenizer.to_str():
         log.warning("the token cache holds another tokenizer than the run's; tokenizing again with the run's own")
@@ -330,22 +349,39 @@ def resolve_resumed(checkpoint: Path, requested: dict[str, Any], named: Iterable
     model = GPTConfig.from_dict(values["model"])
     check_sizes(tokens, model.block_size)
     check_sample_prompts(values, tokens.tokenizer_json)
-    return RunSettings(values, model, tokens, world_size, accumulation, resume_from=checkpoint, resume_step=step)
+    return RunSettings(
+        values, model, tokens, world_size, accumulation, resume_from=checkpoint, resume_step=step, machine_chosen=chosen
+    )
 
 
-def continue_settings(
-    checkpoint: Path, requested: dict[str, Any], named: Iterable[str]
-) -> tuple[dict, int, int, Tokenizer | None]:
+class Continuation(NamedTuple):
+    values: dict[str, Any]
+    world_size: int
+    step: int  # the checkpoint's
+    tokenizer: Tokenizer | None  # the run's own
+    chosen: tuple[str, ...]  # the MACHINE_KEYS left to the machine
+    changed: dict[str, tuple[Any, Any]]  # of those, the ones whose choice differs here: key -> (then, now)
+
+
+def continue_settings(checkpoint: Path, requested: dict[str, Any], named: Iterable[str]) -> Continuation:
     """The settings a run continues with, checked, before anything is made: its checkpoint's, with the
     named settings that may change taken from the command line (others that differ are refused), with
-    steps left to train, on the data it started with. Returns (values, world size, step, tokenizer)."""
+    steps left to train, on the data it started with, and what was chosen for the machine it started on
+    chosen again for this one."""
     header = read_run_header(checkpoint)
     saved = dict(header["settings"])
     prepared = saved.pop(PREPARED, None)
+    left_before = saved.pop(MACHINE_CHOSEN, None) or []  # runs saved before the list: keep their values
     run = checkpoint.parent.parent
-    values = continue_values(saved, requested, expand(named, requested, saved), run)
+    named = expand(named, requested, saved)
+    values = continue_values(saved, requested, named, run)
     check_continuation(values, header["step"])
+    before = {key: lookup(values, key) for key in left_before if key in MACHINE_KEYS and key not in named}
+    for key in before:
+        put(values, key, None)  # for check() to choose for this machine
+    chosen = left_to_the_machine(values)
     values, world_size = check(values, new_run=False)
+    changed = {key: (was, lookup(values, key)) for key, was in before.items() if lookup(values, key) != was}
     try:
         global_batch(values, world_size)
     except SettingError:
@@ -367,7 +403,7 @@ def continue_settings(
                 f"then, {source.label} now: other files, sizes or times); continue it only with the same data, or "
                 f"start a new run from its weights with init_from={checkpoint}"
             )
-    return values, world_size, header["step"], tokenizer
+    return Continuation(values, world_size, header["step"], tokenizer, chosen, changed)
 
 
 def read_run_header(checkpoint: Path) -> dict[str, Any]:
@@ -464,7 +500,7 @@ def matches(requested: dict[str, Any], saved: dict[str, Any], named: Iterable[st
     """Whether a run's saved settings are those this command line asks for (for resume=auto): every
     setting but those a resume may change; a run from init_from takes its unnamed model settings from there."""
     named = set(named)
-    saved = {k: v for k, v in saved.items() if k != PREPARED}
+    saved = {k: v for k, v in saved.items() if k not in (PREPARED, MACHINE_CHOSEN)}
     for key in differing_leaves(requested, saved):
         if key.split(".")[0] in LAUNCH_KEYS or changeable(key):
             continue
