@@ -104,7 +104,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         scratch = Path(tmp)
         tree = nanogpt_copy(args.nanogpt, SHAKESPEARE, scratch)
-        env["TINYGPT2_CACHE"] = str(scratch / "cache")  # a cache of this benchmark's own, warmed next
+        env["TINYGPT2_CACHE"] = str(scratch / "cache")  # a cache of this benchmark's own, made next
         print("making our token cache (a one-step run, untimed) ...", flush=True)
         run_ours(scratch, 0, env, "trainer.max_steps=1", "optim.warmup_steps=0")
         print(f"\n{'run':<10} {'nanoGPT s':>10} {'ours s':>8} {'ratio':>7} {'nanoGPT val':>12} {'ours val':>9}")
