@@ -42,6 +42,7 @@ from .checks import (
 )
 from .init_from import Start, model_keys_in, start_from
 from .run_folder import SETTINGS_MARK as PREPARED
+from .run_folder import process_rank
 
 log = logging.getLogger(__name__)
 
@@ -335,7 +336,7 @@ def size_to_fallback(values: dict[str, Any], tokens: TokenCache, named: Iterable
 def resolve_resumed(checkpoint: Path, requested: dict[str, Any], named: Iterable[str]) -> RunSettings:
     """A continued run's settings: its checkpoint's, with what the command line may change applied."""
     values, world_size, step, tokenizer, chosen, changed = continue_settings(checkpoint, requested, named)
-    for key, (was, now) in changed.items():
+    for key, (was, now) in changed.items() if process_rank() == 0 else ():  # said once, not by every process
         log.warning(
             f"{key}={shown(was)} was chosen for the machine this run started on; on this one it continues with "
             f"{key}={shown(now)} (give {key}={shown(was)} to keep the other)"
