@@ -58,6 +58,26 @@ def test_ddp_on_two_processes_matches_one_process_with_the_same_global_batch(sma
     assert len(list(csv.DictReader(open(ddp / "metrics.csv")))) > 0
 
 
+def test_muon_under_ddp_matches_one_process_too(small_text, tmp_path):
+    # every process orthogonalises the same averaged gradient, so the processes stay in step
+    common = [*TINY_OVERRIDES, f"data.path={small_text}", "optim=muon", "optim.warmup_steps=2", "tokens_per_step=512"]
+    common.append("trainer.limit_val_batches=null")  # the whole split: a limit counts batches per process
+    one = run_script("train.py", *common, "runs_root=single", cwd=tmp_path)
+    assert one.returncode == 0, one.stderr[-2000:]
+    ddp = ["trainer.strategy=ddp", "trainer.devices=2", "trainer.accelerator=cpu"]
+    two = run_script("train.py", *common, *ddp, "runs_root=ddp", cwd=tmp_path)
+    assert two.returncode == 0, two.stderr[-2000:]
+    single, ddp = only_run(tmp_path / "single"), only_run(tmp_path / "ddp")
+    assert final(ddp)["val/loss"] == pytest.approx(final(single)["val/loss"], rel=1e-4)
+    for key, value in weights(single).items():
+        torch.testing.assert_close(weights(ddp)[key], value, rtol=1e-4, atol=1e-4)
+    momentum = {
+        run: torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["optimizer_states"][0]["muon"]["state"]
+        for run in (single, ddp)
+    }
+    assert momentum[single].keys() == momentum[ddp].keys() and len(momentum[single]) == 8  # 2 layers x 4 matrices
+
+
 def test_sweep_as_the_readme_shows_it_puts_every_job_in_one_folder_and_summarises(small_text, tmp_path):
     proc = run_script("train.py", "-m", *TINY_OVERRIDES, f"data.path={small_text}", "optim.lr=1e-3,3e-3", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
