@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from model import GPT
-from training.optim import Muon, MuonAdamW, block_matrices, orthogonalize
+from training.optim import NEWTON_SCHULZ, Muon, MuonAdamW, block_matrices, orthogonalize
 
 from .common import TINY_OVERRIDES, assert_same, only_run, run_script
 from .tiny import TINY_VOCAB, tiny_config
@@ -98,7 +98,7 @@ def test_the_steps_are_torch_muons_computed_in_float32_on_a_cpu():
     assert torch.equal(torchs.state[theirs[0]]["momentum_buffer"], mine.state[ours[0]]["momentum_buffer"])
     # float32 on a CPU: as close to a float64 orthogonalisation as float32 allows
     matrix = torch.randn(48, 16)
-    coefficients, steps, eps = (3.4445, -4.7750, 2.0315), 5, 1e-7
+    coefficients, steps, eps = NEWTON_SCHULZ, 5, 1e-7
     exact = orthogonalize(matrix.double(), coefficients, steps, eps)
     assert orthogonalize(matrix, coefficients, steps, eps).dtype == torch.float32
     assert torch.allclose(orthogonalize(matrix, coefficients, steps, eps).double(), exact, atol=1e-5)

@@ -121,8 +121,9 @@ def block_matrices(model: nn.Module) -> list[nn.Parameter]:
 
 def orthogonalize(matrix: torch.Tensor, coefficients, steps: int, eps: float) -> torch.Tensor:
     """Newton-Schulz iterations that take a matrix towards the nearest one with all singular values
-    about 1 (U V^T of its SVD), as torch.optim.Muon does, in bfloat16 on GPUs, where it is fast, and in
-    float32 (or the matrix's wider type) elsewhere: a CPU without bfloat16 units multiplies bfloat16 matrices some 30 times slower."""
+    about 1 (U V^T of its SVD), as torch.optim.Muon does: in bfloat16 on GPUs, where it is fast, and in
+    float32 (or the matrix's wider type) elsewhere, as a CPU without bfloat16 units multiplies bfloat16
+    matrices some 30 times slower."""
     a, b, c = coefficients
     x = matrix.to(torch.bfloat16 if matrix.is_cuda else torch.promote_types(matrix.dtype, torch.float32))
     wide = x.size(0) <= x.size(1)

@@ -336,11 +336,12 @@ def size_to_fallback(values: dict[str, Any], tokens: TokenCache, named: Iterable
 def resolve_resumed(checkpoint: Path, requested: dict[str, Any], named: Iterable[str]) -> RunSettings:
     """A continued run's settings: its checkpoint's, with what the command line may change applied."""
     values, world_size, step, tokenizer, chosen, changed = continue_settings(checkpoint, requested, named)
-    for key, (was, now) in changed.items() if process_rank() == 0 else ():  # said once, not by every process
-        log.warning(
-            f"{key}={shown(was)} was chosen for the machine this run started on; on this one it continues with "
-            f"{key}={shown(now)} (give {key}={shown(was)} to keep the other)"
-        )
+    if process_rank() == 0:  # said once, not by every process of a multi-process run
+        for key, (was, now) in changed.items():
+            log.warning(
+                f"{key}={shown(was)} was chosen for the machine this run started on; on this one it continues "
+                f"with {key}={shown(now)} (give {key}={shown(was)} to keep the other)"
+            )
     tokens = prepare(values, given=tokenizer if values.get("init_from") else None)
     if tokenizer is not None and tokens.tokenizer_json != tokenizer.to_str():
         log.warning("the token cache holds another tokenizer than the run's; tokenizing again with the run's own")
