@@ -14,18 +14,22 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-
-import datasets
+from typing import TYPE_CHECKING
 
 from .corpus import Corpus, Part
 from .errors import DataError
 from .files import expand_paths, file_stats, find_not_utf8, text_rows
 
+if TYPE_CHECKING:
+    import datasets
+
+# `datasets` is imported where text is read or a Hub dataset is looked up, not here: a run whose
+# tokens are cached never reads text, and importing `datasets` takes about a second.
+
 log = logging.getLogger(__name__)
 
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 VALIDATION_SPLITS = ("validation", "valid", "val", "dev")  # what data.val_split=auto looks for
-TEXT_ROW = datasets.Features({"text": datasets.Value("string"), "continues": datasets.Value("bool")})
 
 
 @dataclass
@@ -91,7 +95,10 @@ def reading_settings(cfg, fmt: str) -> dict:
 
 
 def file_part(files: list[str], fmt: str, reading: dict, piece_chars: int | None, split: str, where: str) -> Part:
+    import datasets
+
     if fmt == "txt":
+        text_row = datasets.Features({"text": datasets.Value("string"), "continues": datasets.Value("bool")})
         kwargs = {
             "files": files,
             "one_document_per": reading["one_document_per"],
@@ -99,7 +106,7 @@ def file_part(files: list[str], fmt: str, reading: dict, piece_chars: int | None
             "piece_chars": piece_chars,
         }
         return Part(
-            rows=lambda: datasets.IterableDataset.from_generator(text_rows, features=TEXT_ROW, gen_kwargs=kwargs),
+            rows=lambda: datasets.IterableDataset.from_generator(text_rows, features=text_row, gen_kwargs=kwargs),
             split=split,
             where=where,
             lines=reading["one_document_per"] == "line",
@@ -173,6 +180,8 @@ def hub_part(cfg, split: str, rule: str) -> Part:
     streaming = bool(cfg.get("streaming"))
 
     def rows() -> datasets.IterableDataset:
+        import datasets
+
         with hub_errors(cfg.name):
             ds = datasets.load_dataset(
                 cfg.name, cfg.get("config"), split=split, revision=cfg.get("revision"), streaming=streaming
@@ -195,6 +204,8 @@ def resolve_val_split(cfg, train_split: str) -> str | None:
     wanted = cfg.get("val_split", "auto")
     if wanted in (None, "", "none", "null"):
         return None
+    import datasets
+
     with hub_errors(cfg.name):
         names = datasets.get_dataset_split_names(cfg.name, cfg.get("config"), revision=cfg.get("revision"))
     if train_split.split("[")[0] not in names:
@@ -224,6 +235,8 @@ def hub_errors(name: str) -> Iterator[None]:
 
 
 def hub_error(err: Exception, name: str) -> Exception:
+    import datasets
+
     message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
     if isinstance(err, ConnectionError) or "offline" in message.lower():
         return DataError(
@@ -262,6 +275,8 @@ def find_shakespeare(cache_dir: str, local_copies: list[str], url: str) -> str |
     for candidate in [cached, *(Path(p).expanduser() for p in local_copies)]:
         if candidate.is_file():
             return str(candidate)
+    import datasets
+
     try:
         ds = datasets.load_dataset("text", data_files=url, sample_by="document", split="train")
     except Exception as err:  # no network, a proxy, a moved URL: all mean "not available now"
@@ -283,6 +298,8 @@ def pydoc_source(cfg, label: str = "pydoc_data.topics") -> Source:
     identity = {"kind": "pydoc", "sha256": digest, "val_fraction": cfg.val_fraction}
 
     def rows() -> datasets.IterableDataset:
+        import datasets
+
         return datasets.Dataset.from_dict({"text": texts}).to_iterable_dataset()
 
     def open_corpus(piece_chars: int | None) -> Corpus:

@@ -85,7 +85,7 @@ def test_generating_from_a_hugging_face_folder_reads_it_without_transformers(tra
 
 
 @pytest.mark.slow
-def test_a_run_without_the_wandb_logger_imports_no_wandb_and_no_transformers_of_its_own(small_text):
+def test_a_run_imports_no_wandb_without_its_logger_and_no_datasets_when_its_tokens_are_cached(small_text):
     """logger=csv: wandb is never imported. transformers and matplotlib may come in only with
     Lightning, whose torchmetrics imports them whenever they are installed; matplotlib also when
     loss.png is drawn at the end."""
@@ -100,3 +100,10 @@ def test_a_run_without_the_wandb_logger_imports_no_wandb_and_no_transformers_of_
     if "matplotlib" in imported:
         by = importer(tree, "matplotlib")
         assert by is None or by.startswith("torchmetrics."), by  # None: draw_loss_curve, after training
+
+    # the same run again finds its tokens cached, and never imports HF datasets, which only reads text
+    again = run_script("train.py", *TINY_OVERRIDES, f"data.path={small_text}", "data.num_proc=1", env=profiled_env())
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "using cached tokens" in again.stdout + again.stderr
+    imported = packages(import_tree(again.stderr))
+    assert "lightning" in imported and "datasets" not in imported
