@@ -96,9 +96,9 @@ def test_fsdp_on_two_processes_killed_and_resumed_matches_one_process(small_text
         failpoint="kill:5",
     )
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
-    assert (
-        "704 tokens per step = 11 sequences x 32 tokens x 2 device(s) x 1 accumulation" in killed.stdout + killed.stderr
-    )
+    said = killed.stdout + killed.stderr
+    assert "704 tokens per step = 11 sequences x 32 tokens x 2 device(s) x 1 accumulation" in said
+    assert said.count("trainer.strategy=fsdp: no text samples") == 1  # by the first process, not by each
     resumed = run_script("train.py", f"resume={fsdp}")  # from step 4, on two processes as it started
     assert resumed.returncode == 0, resumed.stderr[-2000:]
 

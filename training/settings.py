@@ -194,6 +194,13 @@ def choose_strategy(name: Any):
     return name
 
 
+def warn(message: str) -> None:
+    """A warning about the run's settings, said by the first process only: every process of a
+    multi-process run resolves the settings, and the user is to read each warning once."""
+    if process_rank() == 0:
+        log.warning(message)
+
+
 def check_fsdp(values: dict[str, Any]) -> None:
     """What trainer.strategy=fsdp cannot do (optim=muon is refused with the other settings that do not
     go together, in training.checks). Text samples are written by the first process alone, and a
@@ -203,7 +210,7 @@ def check_fsdp(values: dict[str, Any]) -> None:
         return
     if values["samples"]["enabled"]:
         values["samples"]["enabled"] = False
-        log.warning(
+        warn(
             "trainer.strategy=fsdp: no text samples after validation (samples.enabled=false), as the sharded model "
             "runs only on all processes together; sample from the checkpoints with generate.py"
         )
@@ -324,27 +331,23 @@ def size_to_fallback(values: dict[str, Any], tokens: TokenCache, named: Iterable
     else:
         length = f"for trainer.max_steps={planned:,} as given ({planned * values['tokens_per_step'] / train_tokens:.1f} passes)"
     chars = tokens.meta["train_chars"] + tokens.meta["val_chars"]
-    log.warning(
-        "%s: training on the offline pydoc corpus (%s characters of Python's help texts) instead, %s; "
-        "set data.path=/path/to/input.txt to use a local copy",
-        tokens.fallback,
-        f"{chars:,}",
-        length,
+    warn(
+        f"{tokens.fallback}: training on the offline pydoc corpus ({chars:,} characters of Python's help texts) "
+        f"instead, {length}; set data.path=/path/to/input.txt to use a local copy"
     )
 
 
 def resolve_resumed(checkpoint: Path, requested: dict[str, Any], named: Iterable[str]) -> RunSettings:
     """A continued run's settings: its checkpoint's, with what the command line may change applied."""
     values, world_size, step, tokenizer, chosen, changed = continue_settings(checkpoint, requested, named)
-    if process_rank() == 0:  # said once, not by every process of a multi-process run
-        for key, (was, now) in changed.items():
-            log.warning(
-                f"{key}={shown(was)} was chosen for the machine this run started on; on this one it continues "
-                f"with {key}={shown(now)} (give {key}={shown(was)} to keep the other)"
-            )
+    for key, (was, now) in changed.items():
+        warn(
+            f"{key}={shown(was)} was chosen for the machine this run started on; on this one it continues "
+            f"with {key}={shown(now)} (give {key}={shown(was)} to keep the other)"
+        )
     tokens = prepare(values, given=tokenizer if values.get("init_from") else None)
     if tokenizer is not None and tokens.tokenizer_json != tokenizer.to_str():
-        log.warning("the token cache holds another tokenizer than the run's; tokenizing again with the run's own")
+        warn("the token cache holds another tokenizer than the run's; tokenizing again with the run's own")
         tokens = prepare(values, given=tokenizer)
     values["tokens_per_step"], accumulation = global_batch(values, world_size)
     values["trainer"]["accumulate_grad_batches"] = accumulation
