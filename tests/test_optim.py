@@ -11,7 +11,7 @@ from model import GPTConfig
 from training.checks import SettingError, check_together
 from training.flops import flops_per_token, gpu_peak_flops
 from training.optim import lr_factor, make_adamw, parameter_groups
-from training.settings import choose_precision, global_batch
+from training.settings import Machine, choose_precision, global_batch
 
 from .tiny import untrained_gpt
 
@@ -104,21 +104,25 @@ def test_global_batch_and_accumulation_together_are_refused():
 
 
 @pytest.mark.parametrize(
-    "gpu, bf16, accelerator, chosen",
+    "machine, accelerator, chosen",
     [
-        (False, False, "auto", "32-true"),  # no GPU
-        (True, True, "auto", "bf16-mixed"),  # an A100
-        (True, False, "auto", "32-true"),  # a V100
-        (True, True, "gpu", "bf16-mixed"),
-        (True, True, "cpu", "32-true"),  # a GPU machine told to train on its CPU
+        (Machine(cuda=False, bf16=False, triton=False), "auto", "32-true"),  # no GPU
+        (Machine(cuda=True, bf16=True, triton=True), "auto", "bf16-mixed"),  # an A100
+        (Machine(cuda=True, bf16=False, triton=True), "auto", "32-true"),  # a V100
+        (Machine(cuda=True, bf16=True, triton=True), "gpu", "bf16-mixed"),
+        (Machine(cuda=True, bf16=True, triton=True), "cpu", "32-true"),  # a GPU machine told to train on its CPU
     ],
 )
-def test_precision_left_unset_is_bf16_mixed_only_on_a_gpu_that_has_bf16(gpu, bf16, accelerator, chosen, monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpu)
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: bf16)
-    assert choose_precision(None, accelerator) == chosen
-    assert choose_precision("16-mixed", accelerator) == "16-mixed"  # a precision asked for wins over the choice
-    assert choose_precision(32, accelerator) == "32"  # a number, as the yaml gives it: Lightning's name for it
+def test_precision_left_unset_is_bf16_mixed_only_on_a_gpu_that_has_bf16(machine, accelerator, chosen):
+    assert choose_precision(None, accelerator, machine) == chosen
+    assert choose_precision("16-mixed", accelerator, machine) == "16-mixed"  # a precision asked for wins
+    assert choose_precision(32, accelerator, machine) == "32"  # a number, as the yaml gives it: Lightning's name
+
+
+def test_the_machine_the_choices_read_is_this_one():
+    machine = Machine.this()
+    assert machine.cuda == torch.cuda.is_available() and (machine.bf16 <= machine.cuda)
+    assert choose_precision(None) == choose_precision(None, "auto", machine)
 
 
 def test_flops_per_token_match_the_known_gpt2_figure():

@@ -15,7 +15,7 @@ from torch.overrides import TorchFunctionMode
 
 from training.errors import TrainingDiverged
 from training.run import train
-from training.settings import check, choose_compile
+from training.settings import Machine, check, choose_compile
 
 from .common import TINY_OVERRIDES, checkpoint_weights, compose_config
 
@@ -149,6 +149,9 @@ def test_muons_skipped_steps_change_nothing_either(small_text, tmp_path, monkeyp
 def test_compile_is_chosen_by_device_unless_named():
     assert choose_compile(None, "cpu") is False
     assert choose_compile(True, "cpu") is True and choose_compile(False, "auto") is False
-    assert choose_compile(None, "auto") is (torch.cuda.is_available() and choose_compile(None, "gpu"))
+    assert choose_compile(None, "auto") is choose_compile(None, "auto", Machine.this())
+    gpu = Machine(cuda=True, bf16=True, triton=True)
+    assert choose_compile(None, "auto", gpu) is True and choose_compile(None, "cpu", gpu) is False
+    assert choose_compile(None, "auto", gpu._replace(triton=False)) is False  # nothing to generate kernels with
     values, _ = check(OmegaConf.to_container(compose_config(*TINY_OVERRIDES, "trainer.accelerator=cpu"), resolve=True))
     assert values["compile"] is False  # what the run's config.yaml and checkpoints record

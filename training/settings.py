@@ -161,27 +161,40 @@ def trainer_arguments(trainer: dict[str, Any]) -> dict[str, Any]:
 # ---- checking ----------------------------------------------------------------------------------------
 
 
-def on_cuda(accelerator: str) -> bool:
+class Machine(NamedTuple):
+    """What the choices left to the machine (precision, compile) depend on."""
+
+    cuda: bool  # it has CUDA GPUs
+    bf16: bool  # they compute in bfloat16
+    triton: bool  # torch.compile can generate GPU kernels (Triton is installed)
+
+    @classmethod
+    def this(cls) -> Machine:
+        cuda = torch.cuda.is_available()
+        return cls(cuda, cuda and torch.cuda.is_bf16_supported(), importlib.util.find_spec("triton") is not None)
+
+
+def on_cuda(accelerator: str, machine: Machine) -> bool:
     """Whether trainer.accelerator puts the run on CUDA GPUs (auto does, where there are any)."""
-    return accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available()
+    return accelerator in ("auto", "gpu", "cuda") and machine.cuda
 
 
-def choose_precision(requested: str | int | None, accelerator: str = "auto") -> str:
+def choose_precision(requested: str | int | None, accelerator: str = "auto", machine: Machine | None = None) -> str:
     """bf16 mixed precision on GPUs that support it, full 32-bit elsewhere; an explicit choice wins."""
     if requested:
         return str(requested)
-    if on_cuda(accelerator) and torch.cuda.is_bf16_supported():
-        return "bf16-mixed"
-    return "32-true"
+    machine = machine or Machine.this()
+    return "bf16-mixed" if on_cuda(accelerator, machine) and machine.bf16 else "32-true"
 
 
-def choose_compile(requested: bool | None, accelerator: str = "auto") -> bool:
+def choose_compile(requested: bool | None, accelerator: str = "auto", machine: Machine | None = None) -> bool:
     """torch.compile on CUDA GPUs (with Triton, which it generates kernels with), not on CPUs, where
     compiled steps were only 2-4% faster and compiling costs more than that in a short run; an explicit
     choice wins."""
     if requested is not None:
         return bool(requested)
-    return on_cuda(accelerator) and importlib.util.find_spec("triton") is not None
+    machine = machine or Machine.this()
+    return on_cuda(accelerator, machine) and machine.triton
 
 
 def choose_strategy(name: Any):
@@ -247,8 +260,9 @@ def check(values: dict[str, Any], new_run: bool = True) -> tuple[dict[str, Any],
             raise SettingError(
                 "trainer.accelerator=mps: MPS is not available here; use trainer.accelerator=cpu or auto"
             )
-        trainer["precision"] = choose_precision(trainer.get("precision"), accelerator)
-        values["compile"] = choose_compile(values.get("compile"), accelerator)
+        machine = Machine.this()
+        trainer["precision"] = choose_precision(trainer.get("precision"), accelerator, machine)
+        values["compile"] = choose_compile(values.get("compile"), accelerator, machine)
         check_fsdp(values)
         world_size = probe_trainer(
             trainer_arguments(trainer), choose_strategy(trainer.get("strategy", "auto")), trainer["precision"]
