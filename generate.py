@@ -8,6 +8,13 @@ tokenizer.
 
 from __future__ import annotations
 
+import gc
+
+# As in train.py: no cyclic collection over the objects the imports and the model load make (they live
+# as long as the process), which costs about half a second, most of it at exit; on for the sampling.
+if __name__ == "__main__":
+    gc.disable()
+
 import argparse
 import itertools
 import sys
@@ -190,6 +197,9 @@ def run(args: argparse.Namespace) -> int:
     tokenizer = Tokenizer.from_str(loaded.tokenizer_json)
     model = loaded.model.to(device)
     session = Session(model, tokenizer, loaded.eos_token_id)
+    if not gc.isenabled():  # start-up is over (see the top of this file)
+        gc.freeze()
+        gc.enable()
 
     # sample i draws from its own generator, seeded seed + i once: in an interactive session the
     # first answer is what a one-off run prints, and later ones go on drawing, so that asking

@@ -1,13 +1,17 @@
-"""Start-up: the scripts import only the libraries a run uses. Each runs as a user runs it, with
-PYTHONPROFILEIMPORTTIME=1 (what `python -X importtime` sets), and the modules it reports are checked."""
+"""Start-up: the scripts import only the libraries a run uses, and leave the garbage collector off
+while they import. Each runs as a user runs it, with PYTHONPROFILEIMPORTTIME=1 (what `python -X
+importtime` sets) and the modules it reports are checked, or under a watch on the collector."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 
 import pytest
 
-from .common import TINY_OVERRIDES, run_script
+from .common import ROOT, TINY_OVERRIDES, run_script
 
 # What generate.py never needs: the training stack, the trackers, Hugging Face's libraries, plotting
 NOT_FOR_GENERATING = {
@@ -107,3 +111,52 @@ def test_a_run_imports_no_wandb_without_its_logger_and_no_datasets_when_its_toke
     assert "using cached tokens" in again.stdout + again.stderr
     imported = packages(import_tree(again.stderr))
     assert "lightning" in imported and "datasets" not in imported
+
+
+# Runs a script as `python script.py` does (as __main__, its own folder first on sys.path), counting the
+# collector's passes once torch is being imported, before and after the script froze its start-up (the
+# script's own compilation comes before it can turn the collector off), and reports the collector's
+# state at exit, after the script's own work.
+GC_WATCH = """
+import atexit, gc, json, runpy, sys
+passes = {"before": 0, "after": 0}
+def count(phase, info):
+    if phase == "start" and "torch" in sys.modules:
+        passes["after" if gc.get_freeze_count() else "before"] += 1
+gc.callbacks.append(count)
+@atexit.register
+def report():
+    print("GC " + json.dumps({**passes, "enabled": gc.isenabled(), "frozen": gc.get_freeze_count()}), file=sys.stderr)
+sys.argv = sys.argv[1:]
+sys.path.insert(0, sys.argv[0].rpartition("/")[0] or ".")
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def collector_watch(tmp_path, *args: str) -> dict:
+    watch = tmp_path / "gc_watch.py"
+    watch.write_text(GC_WATCH)
+    proc = subprocess.run(
+        [sys.executable, str(watch), str(ROOT / args[0]), *args[1:]], capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stderr.rsplit("GC ", 1)[1].splitlines()[0])
+
+
+@pytest.mark.slow
+def test_a_run_imports_with_the_collector_off_and_collects_after_start_up(small_text, tmp_path):
+    """The objects start-up makes live as long as the process: frozen, never swept while importing,
+    and the collector is on for what training makes (a sweep's jobs, a long run)."""
+    seen = collector_watch(tmp_path, "train.py", *TINY_OVERRIDES, f"data.path={small_text}", "data.num_proc=1")
+    assert seen["before"] == 0, seen
+    assert seen["frozen"] > 100_000, seen  # torch, Lightning and Hydra's objects
+    assert seen["enabled"] and seen["after"] > 0, seen
+
+
+def test_generating_imports_with_the_collector_off_and_collects_while_sampling(tiny_run, tmp_path):
+    seen = collector_watch(
+        tmp_path, "generate.py", "--ckpt", str(tiny_run), "--prompt", "ROMEO:", "--max-new-tokens", "4"
+    )
+    assert seen["before"] == 0, seen
+    assert seen["frozen"] > 50_000, seen
+    assert seen["enabled"], seen

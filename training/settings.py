@@ -252,7 +252,8 @@ def check(values: dict[str, Any], new_run: bool = True) -> tuple[dict[str, Any],
                 put(values, name, absolute(lookup(values, name)))
         trainer = values["trainer"]
         accelerator = str(trainer.get("accelerator", "auto"))
-        if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
+        machine = Machine.this()
+        if accelerator in ("gpu", "cuda") and not machine.cuda:
             raise SettingError(
                 f"trainer.accelerator={accelerator}: this machine has no CUDA GPU; use trainer.accelerator=cpu or auto"
             )
@@ -260,7 +261,6 @@ def check(values: dict[str, Any], new_run: bool = True) -> tuple[dict[str, Any],
             raise SettingError(
                 "trainer.accelerator=mps: MPS is not available here; use trainer.accelerator=cpu or auto"
             )
-        machine = Machine.this()
         trainer["precision"] = choose_precision(trainer.get("precision"), accelerator, machine)
         values["compile"] = choose_compile(values.get("compile"), accelerator, machine)
         check_fsdp(values)
