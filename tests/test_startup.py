@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from .common import ROOT, TINY_OVERRIDES, run_script
+from .common import ROOT, TINY_OVERRIDES, run_script, script_environment
 
 # What generate.py never needs: the training stack, the trackers, Hugging Face's libraries, plotting
 NOT_FOR_GENERATING = {
@@ -137,7 +137,11 @@ def collector_watch(tmp_path, *args: str) -> dict:
     watch = tmp_path / "gc_watch.py"
     watch.write_text(GC_WATCH)
     proc = subprocess.run(
-        [sys.executable, str(watch), str(ROOT / args[0]), *args[1:]], capture_output=True, text=True, timeout=600
+        [sys.executable, str(watch), str(ROOT / args[0]), *args[1:]],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=script_environment(None, None),  # as run_script gives a script
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stderr.rsplit("GC ", 1)[1].splitlines()[0])
