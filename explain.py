@@ -13,6 +13,11 @@ GPT-2 folder. Needs neither Hydra nor Lightning.
 
 from __future__ import annotations
 
+import signal
+
+if __name__ == "__main__":  # Ctrl-C during the imports: stop at once (nothing has started yet)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
 import argparse
 import json
 import math
@@ -22,7 +27,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from tokenizers import Tokenizer
 from torch import nn
 
 from generation.checkpoint import CheckpointError, given_or_newest, load_checkpoint
@@ -502,22 +506,26 @@ def prompt_ids(session: Session, prompt: str) -> tuple[list[int], int]:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; bad input ends with one `error:` line on stderr and exit status 1."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C from here: see the except below
     args = parse_args(argv)
     try:
         return run(args)
     except (UsageError, PromptError, CheckpointError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return 130
 
 
 def run(args: argparse.Namespace) -> int:
     loaded = load_checkpoint(given_or_newest(args.ckpt))
-    if loaded.tokenizer_json is None:
+    tokenizer = loaded.tokenizer
+    if tokenizer is None:
         raise CheckpointError(f"{loaded.path} carries no tokenizer, so the prompt cannot be turned into tokens")
     model, c = loaded.model, loaded.model.config
     check_index("--layer", args.layer, c.n_layer, "layers")
     check_index("--head", args.head, c.n_head, "heads per layer")
-    tokenizer = Tokenizer.from_str(loaded.tokenizer_json)
     ids, count = prompt_ids(Session(model, tokenizer, loaded.eos_token_id), args.prompt)
     if count > len(ids):
         print(

@@ -10,6 +10,11 @@ nothing is written. `--push-to-hub REPO` then uploads the folder with huggingfac
 
 from __future__ import annotations
 
+import signal
+
+if __name__ == "__main__":  # Ctrl-C during the imports: stop at once (nothing has started yet)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
 import argparse
 import json
 import os
@@ -198,15 +203,19 @@ def model_card(loaded: Loaded, folder: Path) -> str:
     c, settings = loaded.model.config, loaded.config or {}
     data, tokenizer = settings.get("data") or {}, settings.get("tokenizer") or {}
     result = run_result(loaded.path)
-    loss, bpc = result.get("val/loss"), result.get("val/bpc")
+    max_steps = settings.get("trainer", {}).get("max_steps")
+    # result.json scores the run's last weights: quoted only for a checkpoint of those
+    final = bool(result.get("finished")) and loaded.step is not None and loaded.step == max_steps
+    metrics = (result.get("metrics") or {}) if final else {}
+    loss, bpc = metrics.get("val/loss"), metrics.get("val/bpc")
     trained = "Trained with tinygpt2"
     if data:
         shakespeare = data.get("source") == "shakespeare" and not data.get("path")
         trained += (
             f" on {'Tiny Shakespeare' if shakespeare else data.get('path') or data.get('name') or data.get('source')}"
         )
-    if settings.get("trainer", {}).get("max_steps"):
-        trained += f" for {settings['trainer']['max_steps']} steps"
+    if loaded.step:
+        trained += f" for {loaded.step} steps" + ("" if final or not max_steps else f" (of the run's {max_steps})")
     scores = f" Final validation loss {loss:.4f} nats per token, {bpc:.4f} bits per character." if loss and bpc else ""
     name = folder.name.removeprefix(".").split(".partial-")[0]
     return f"""---
@@ -241,14 +250,15 @@ print(generate(["ROMEO:", "JULIET:"], max_new_tokens=20, do_sample=True))
 
 
 def run_result(checkpoint: Path | None) -> dict:
-    """The final metrics of the run a checkpoint belongs to (its result.json), if there are any."""
+    """The result.json of the run a checkpoint belongs to (whether it finished, its final metrics), if any."""
     if checkpoint is None:
         return {}
     for folder in (checkpoint.parent, checkpoint.parent.parent):
         try:
-            return json.loads((folder / "result.json").read_text(encoding="utf-8")).get("metrics") or {}
-        except (OSError, ValueError, AttributeError):
+            result = json.loads((folder / "result.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
             continue
+        return result if isinstance(result, dict) else {}
     return {}
 
 
@@ -280,7 +290,18 @@ def compare_logits(folder: Path, model: GPT, tokenizer: Tokenizer) -> tuple[floa
 
 
 def install(staging: Path, out: Path) -> None:
-    """Put the finished folder at out; an old one is moved aside first and removed only after."""
+    """Put the finished folder at out. An empty folder is filled where it is (it may be the shell's working
+    folder); a model folder that --force replaces is moved aside first and removed only after."""
+    if out.is_dir() and not any(out.iterdir()):
+        moved: list[Path] = []
+        try:
+            for file in sorted(staging.iterdir()):
+                moved.append(file.rename(out / file.name))
+        except OSError:
+            for file in moved:
+                file.unlink(missing_ok=True)
+            raise
+        return
     old = None
     if out.is_dir():
         old = out.with_name(f".{out.name}.replaced-{os.getpid()}")
@@ -298,33 +319,49 @@ def install(staging: Path, out: Path) -> None:
 def export(ckpt: Path, out: Path, force: bool = False, hub_repo: str | None = None) -> float:
     """Write ckpt as a Hugging Face folder at out (and upload it to hub_repo); returns the largest logit
     difference found."""
+    # `--out .` has no name to stage beside; a link to a folder is written through, into the folder
+    out = out.expanduser().absolute()
+    out = out.resolve() if out.is_symlink() else out
+    ckpt = ckpt.expanduser()
     check_destination(out, ckpt, force)
     check_hub_login(hub_repo)
     loaded = load_checkpoint(ckpt)
-    if loaded.tokenizer_json is None:
+    tokenizer = loaded.tokenizer
+    if tokenizer is None:
         raise ExportError(f"{loaded.path} carries no tokenizer; a Hugging Face folder needs one")
-    tokenizer = Tokenizer.from_str(loaded.tokenizer_json)
+    made = [p for p in (out.parent, *out.parent.parents) if not p.exists()]  # removed again if nothing is written
+    installed = False
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        staging = out.with_name(f".{out.name}.partial-{os.getpid()}")
-        shutil.rmtree(staging, ignore_errors=True)  # left by a killed export with the same process id
-        staging.mkdir()
-    except OSError as err:
-        raise ExportError(
-            f"--out {out}: cannot write in {out.parent} ({err.strerror}); choose a writable folder"
-        ) from None
-    try:
-        write_folder(staging, loaded, tokenizer)
-        difference, count = compare_logits(staging, loaded.model, tokenizer)
-        if not difference <= TOLERANCE:  # a NaN fails too
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            staging = out.with_name(f".{out.name}.partial-{os.getpid()}")
+            shutil.rmtree(staging, ignore_errors=True)  # left by a killed export with the same process id
+            staging.mkdir()
+        except OSError as err:
             raise ExportError(
-                f"transformers' logits differ from ours by {difference:.3g} (limit {TOLERANCE:g}); nothing was written"
-            )
-        install(staging, out)
-    except OSError as err:
-        raise ExportError(f"writing {out} failed ({err}); nothing was written") from None
+                f"--out {out}: cannot write in {out.parent} ({err.strerror}); choose a writable folder"
+            ) from None
+        try:
+            write_folder(staging, loaded, tokenizer)
+            difference, count = compare_logits(staging, loaded.model, tokenizer)
+            if not difference <= TOLERANCE:  # a NaN fails too
+                raise ExportError(
+                    f"transformers' logits differ from ours by {difference:.3g} (limit {TOLERANCE:g}); "
+                    "nothing was written"
+                )
+            install(staging, out)
+            installed = True
+        except OSError as err:
+            raise ExportError(f"writing {out} failed ({err}); nothing was written") from None
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        if not installed:
+            for folder in made:  # innermost first; only folders this export made, and only if still empty
+                try:
+                    folder.rmdir()
+                except OSError:
+                    break
     note = (
         ""
         if loaded.model.config.bias
@@ -341,12 +378,16 @@ def export(ckpt: Path, out: Path, force: bool = False, hub_repo: str | None = No
 
 
 def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C from here: see the except below
     args = parse_args(argv)
     try:
         export(args.ckpt, args.out, args.force, args.push_to_hub)
     except (ExportError, CheckpointError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("\nstopped", file=sys.stderr)
+        return 130
     return 0
 
 

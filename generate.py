@@ -9,14 +9,19 @@ tokenizer.
 from __future__ import annotations
 
 import gc
+import signal
 
 # As in train.py: no cyclic collection over the objects the imports and the model load make (they live
 # as long as the process), which costs about half a second, most of it at exit; on for the sampling.
+# Ctrl-C during the imports ends the process at once, as nothing has started that could be left half done.
 if __name__ == "__main__":
     gc.disable()
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 import argparse
 import itertools
+import math
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -60,7 +65,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--interactive", action="store_true", help="read prompts from stdin, one per line, keeping the model loaded"
     )
     p.add_argument(
-        "--attention-png", type=Path, default=None, metavar="FILE", help="draw the last layer's attention of sample 1"
+        "--attention-png",
+        type=lambda text: Path(text).expanduser(),  # `--attention-png=~/a.png`: the shell leaves that ~ as it is
+        default=None,
+        metavar="FILE",
+        help="draw the last layer's attention of sample 1",
     )
     p.add_argument(
         "--no-cache", action="store_true", help="recompute the whole window every step (slow; for comparison)"
@@ -69,13 +78,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+MAX_NEW_TOKENS = 1_000_000  # the tokens of a sample are kept in memory; hours of sampling on a CPU
+MAX_SAMPLES = 1024  # one batch: each sample has its own KV cache
+MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed takes a 64-bit integer
+
+
 def check_args(args: argparse.Namespace) -> None:
-    if args.max_new_tokens < 1:
-        raise UsageError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
-    if args.num_samples < 1:
-        raise UsageError(f"--num-samples must be at least 1, got {args.num_samples}")
-    if not args.temperature >= 0:
-        raise UsageError(f"--temperature must be 0 (greedy) or more, got {args.temperature}")
+    if not 1 <= args.max_new_tokens <= MAX_NEW_TOKENS:
+        raise UsageError(f"--max-new-tokens must be from 1 to {MAX_NEW_TOKENS:,}, got {args.max_new_tokens}")
+    if not 1 <= args.num_samples <= MAX_SAMPLES:
+        raise UsageError(
+            f"--num-samples must be from 1 to {MAX_SAMPLES} (one batch), got {args.num_samples}; "
+            "for more, run again with another --seed"
+        )
+    if not 0 <= args.seed <= MAX_SEED - (args.num_samples - 1):
+        raise UsageError(f"--seed must be from 0 to {MAX_SEED - (args.num_samples - 1)}, got {args.seed}")
+    if not 0 <= args.temperature < math.inf:  # NaN too
+        raise UsageError(f"--temperature must be 0 (greedy) or a positive number, got {args.temperature}")
     if args.top_k is not None and args.top_k < 1:
         raise UsageError(f"--top-k must be at least 1 (leave it out to keep every token), got {args.top_k}")
     if args.top_p is not None and not 0.0 < args.top_p <= 1.0:
@@ -86,8 +105,11 @@ def check_args(args: argparse.Namespace) -> None:
         check_output_file(args.attention_png)
 
 
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
 def check_output_file(path: Path) -> None:
-    """Fail now, before any work, if the picture could not be written later."""
+    """Fail now, before any work, if the picture could not be written later; make no folder yet."""
     if path.suffix.lower() != ".png":
         raise UsageError(f"--attention-png {path}: the picture is a PNG; give a file name ending in .png")
     if path.is_dir():
@@ -95,14 +117,25 @@ def check_output_file(path: Path) -> None:
     blocker = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
     if blocker is not None:
         raise UsageError(f"--attention-png {path}: {blocker} is a file, not a folder; choose another place")
+    if path.exists() and not is_png(path):
+        raise UsageError(f"--attention-png {path} exists and is not a picture; choose another name to keep it")
+    nearest = next(p for p in (path.parent, *path.parents) if p.exists())
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=path.parent):
+        with tempfile.TemporaryFile(dir=nearest):
             pass
     except OSError as err:
         raise UsageError(
-            f"--attention-png {path}: cannot write in {path.parent} ({err.strerror}); choose a writable folder"
+            f"--attention-png {path}: cannot write in {nearest} ({err.strerror}); choose a writable folder"
         ) from None
+
+
+def is_png(path: Path) -> bool:
+    """A PNG file (a picture an earlier run drew, replaced like any plot); anything else is the user's to keep."""
+    try:
+        with path.open("rb") as f:
+            return f.read(len(PNG_SIGNATURE)) == PNG_SIGNATURE
+    except OSError:
+        return False
 
 
 def pick_device(name: str) -> torch.device:
@@ -111,7 +144,9 @@ def pick_device(name: str) -> torch.device:
     try:
         device = torch.device(name)
     except RuntimeError:
-        raise UsageError(f"--device {name} is not a device; use cpu, cuda, cuda:N, mps or auto") from None
+        device = None
+    if device is None or device.type not in ("cpu", "cuda", "mps"):
+        raise UsageError(f"--device {name} is not a device generate.py runs on; use cpu, cuda, cuda:N, mps or auto")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise UsageError(f"--device {name}: this machine has no CUDA GPU; use --device cpu")
     if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
@@ -177,6 +212,7 @@ def save_attention(model, tokenizer: Tokenizer, result: Completion, path: Path) 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; bad input ends with one `error:` line on stderr and exit status 1."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # from here Ctrl-C stops a sample (see the top)
     args = parse_args(argv)
     try:
         return run(args)
@@ -186,15 +222,18 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `python generate.py ... | head`: the reader has all it wants
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so that the exit's flush has somewhere to go
+        return 141
 
 
 def run(args: argparse.Namespace) -> int:
     check_args(args)
     device = pick_device(args.device)
     loaded = load_checkpoint(given_or_newest(args.ckpt))
-    if loaded.tokenizer_json is None:
+    tokenizer = loaded.tokenizer
+    if tokenizer is None:
         raise CheckpointError(f"{loaded.path} carries no tokenizer, so its tokens cannot be turned into text")
-    tokenizer = Tokenizer.from_str(loaded.tokenizer_json)
     model = loaded.model.to(device)
     session = Session(model, tokenizer, loaded.eos_token_id)
     if not gc.isenabled():  # start-up is over (see the top of this file)

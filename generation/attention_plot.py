@@ -56,6 +56,7 @@ def save_attention_png(
     figure.supylabel("attending (query)", fontsize=9)
 
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.partial")
     try:
         with open(tmp, "wb") as out, warnings.catch_warnings():

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from tokenizers import Tokenizer
 
 from data.tokenizer import has_gpt2_files, read_gpt2_files
 from model import GPT, ConfigError, GPTConfig
@@ -68,15 +69,18 @@ class Weights:
     run_config: dict[str, Any] = field(default_factory=dict)  # the resolved training config, if any
     path: Path | None = None  # the file (or Hugging Face folder) that was read
     eos_token_id: int | None = None  # the end-of-text token a Hugging Face config names
+    step: int | None = None  # the optimizer step a training checkpoint was saved at
 
 
 @dataclass
 class Loaded:
     model: GPT
     tokenizer_json: str | None
+    tokenizer: Tokenizer | None  # the same, read and checked against the model (see `read_tokenizer`)
     config: dict[str, Any] = field(default_factory=dict)  # the resolved training config
     path: Path | None = None
     eos_token_id: int | None = None
+    step: int | None = None  # the optimizer step of a training checkpoint (None for a Hugging Face folder)
 
 
 def first_line(err: BaseException) -> str:
@@ -161,7 +165,9 @@ def read_weights(path: str | Path, map_location="cpu") -> Weights:
         config = GPTConfig.from_dict(meta["model_config"])
     except ConfigError as err:
         raise CheckpointError(f"{file} describes a model that cannot be built: {err}") from None
-    return Weights(config, model_state(ckpt), meta.get("tokenizer"), meta.get("config") or {}, file)
+    step = ckpt.get("global_step")
+    step = step if isinstance(step, int) else None
+    return Weights(config, model_state(ckpt), meta.get("tokenizer"), meta.get("config") or {}, file, step=step)
 
 
 def describe_model(model_config: GPTConfig, tokenizer_json: str | None, run_settings: dict[str, Any]) -> dict[str, Any]:
@@ -205,7 +211,30 @@ def load_checkpoint(path: str | Path, map_location="cpu") -> Loaded:
             f"weights in {weights.path} do not fit the model it describes: {first_line(err)}"
         ) from None
     model.eval()
-    return Loaded(model, weights.tokenizer_json, weights.run_config, weights.path, weights.eos_token_id)
+    tokenizer = read_tokenizer(weights)
+    return Loaded(
+        model, weights.tokenizer_json, tokenizer, weights.run_config, weights.path, weights.eos_token_id, weights.step
+    )
+
+
+def read_tokenizer(weights: Weights) -> Tokenizer | None:
+    """The checkpoint's tokenizer (None if it carries none), refused if `tokenizers` cannot read it or
+    if it makes token ids the model has no embedding row for."""
+    if weights.tokenizer_json is None:
+        return None
+    try:
+        tokenizer = Tokenizer.from_str(weights.tokenizer_json)
+    except Exception as err:  # the library raises a bare Exception ("Model missing. at line 1 column 2")
+        raise CheckpointError(
+            f"the tokenizer of {weights.path} cannot be read ({first_line(err)}); it is damaged or not a "
+            "`tokenizers` tokenizer.json"
+        ) from None
+    if tokenizer.get_vocab_size() > weights.config.vocab_size:
+        raise CheckpointError(
+            f"the tokenizer of {weights.path} has {tokenizer.get_vocab_size()} tokens but the model only "
+            f"{weights.config.vocab_size}; the tokenizer and the weights do not belong together"
+        )
+    return tokenizer
 
 
 # ---- Hugging Face folders ----------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -60,7 +61,9 @@ def probabilities(
 ) -> torch.Tensor:
     """The distribution (B, vocab) that sampling draws from: logits scaled by 1/temperature, cut to
     the top k, then to the top p of what is left (renormalised), then softmax. temperature > 0."""
-    logits = logits.float() / temperature
+    logits = logits.float()
+    # from the row's largest logit down, so that a tiny temperature sends the rest to -inf, not the top to inf
+    logits = (logits - logits.amax(dim=-1, keepdim=True)) / temperature
     if top_k is not None:
         logits = keep_top_k(logits, top_k)
     if top_p is not None and top_p < 1.0:
@@ -69,8 +72,8 @@ def probabilities(
 
 
 def check_sampling(temperature: float, top_k: int | None, top_p: float | None) -> None:
-    if not temperature >= 0:  # NaN too
-        raise ValueError(f"temperature must be 0 (greedy) or more, got {temperature}")
+    if not 0 <= temperature < math.inf:  # NaN too
+        raise ValueError(f"temperature must be 0 (greedy) or a positive number, got {temperature}")
     if top_k is not None and top_k < 1:
         raise ValueError(f"top_k must be at least 1 (or None to switch it off), got {top_k}")
     if top_p is not None and not 0.0 < top_p <= 1.0:

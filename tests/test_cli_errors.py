@@ -4,16 +4,20 @@ no traceback, nothing generated, written or overwritten."""
 from __future__ import annotations
 
 import shutil
+import signal
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+import explain
 import export
 import generate
 
-from .common import damaged_copy, one_error_line, run_script
+from .common import damaged_copy, one_error_line, run_script, start_script
 from .tiny import train_tiny_gpt, write_checkpoint
 
 
@@ -37,17 +41,25 @@ def no_start_token_run(tmp_path_factory, tiny_text) -> Path:
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--max-new-tokens", "0"], "--max-new-tokens must be at least 1, got 0"),
-        (["--max-new-tokens", "-5"], "--max-new-tokens must be at least 1"),
-        (["--temperature", "-0.5"], "--temperature must be 0 (greedy) or more, got -0.5"),
-        (["--temperature", "nan"], "--temperature must be 0 (greedy) or more"),
+        (["--max-new-tokens", "0"], "--max-new-tokens must be from 1 to 1,000,000, got 0"),
+        (["--max-new-tokens", "-5"], "--max-new-tokens must be from 1"),
+        (["--max-new-tokens", "1000000000000"], "--max-new-tokens must be from 1 to 1,000,000"),
+        (["--temperature", "-0.5"], "--temperature must be 0 (greedy) or a positive number, got -0.5"),
+        (["--temperature", "nan"], "--temperature must be 0 (greedy) or a positive number"),
+        (["--temperature", "inf"], "--temperature must be 0 (greedy) or a positive number, got inf"),
         (["--top-p", "0"], "--top-p must be in (0, 1], got 0.0"),
         (["--top-p", "1.5"], "--top-p must be in (0, 1], got 1.5"),
         (["--top-k", "0"], "--top-k must be at least 1"),
-        (["--num-samples", "0"], "--num-samples must be at least 1"),
+        (["--num-samples", "0"], "--num-samples must be from 1 to 1024"),
+        (["--num-samples", "100000000000"], "--num-samples must be from 1 to 1024"),
+        (["--seed", "-1"], "--seed must be from 0 to"),
+        (["--seed", str(2**64)], "--seed must be from 0 to"),
         (["--stop", ""], "--stop needs a non-empty string"),
         (["--device", "nonsense"], "--device nonsense is not a device"),
+        (["--device", "meta"], "--device meta is not a device generate.py runs on"),
+        (["--device", "xpu"], "--device xpu is not a device generate.py runs on"),
         (["--attention-png", "picture.jpg"], "the picture is a PNG"),
+        (["--attention-png", "new/folders/a.png", "--top-p", "2"], "--top-p must be in (0, 1]"),  # no folder made
     ],
 )
 def test_generate_py_refuses_bad_settings(args, message, tiny_run, capsys, tmp_path, monkeypatch):
@@ -76,11 +88,14 @@ def test_generate_py_empty_prompt_without_a_start_token(no_start_token_run, caps
 def test_generate_py_attention_png_in_a_folder_that_cannot_be_written(tiny_run, tmp_path, capsys):
     blocker = tmp_path / "a_file"
     blocker.write_text("keep me")
-    for target in (blocker / "attention.png", tmp_path):
+    not_a_picture = tmp_path / "notes.png"
+    not_a_picture.write_text("my notes, in a file with the wrong name")
+    for target in (blocker / "attention.png", tmp_path, not_a_picture):
         code = generate.main(["--ckpt", str(tiny_run), "--prompt", "ROMEO:", "--attention-png", str(target)])
         out, err = capsys.readouterr()
         assert code == 1 and out == "" and "--attention-png" in one_error_line(err)
     assert blocker.read_text() == "keep me"
+    assert not_a_picture.read_text() == "my notes, in a file with the wrong name"
 
 
 @pytest.mark.parametrize("how", ["truncated", "corrupted", "empty", "text"])
@@ -155,3 +170,102 @@ def test_export_py_never_replaces_what_it_should_not(tiny_run, tmp_path, capsys)
     assert code == 1 and "holds the checkpoint being exported" in one_error_line(err)
     assert (run_copy / "checkpoints" / "last.ckpt").stat().st_size > 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes", "run"]  # no half-written folder anywhere
+
+
+def test_export_py_writes_into_an_empty_working_folder_and_through_a_link(tiny_run, tmp_path, monkeypatch, capsys):
+    here = tmp_path / "here"  # `export.py --out .` from an empty folder: the folder itself is filled
+    here.mkdir()
+    monkeypatch.chdir(here)
+    assert export.main(["--ckpt", str(tiny_run), "--out", "."]) == 0
+    assert (here / "config.json").is_file() and Path.cwd().samefile(here)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["here"]  # no staging folder left beside it
+
+    target = tmp_path / "models"  # a link to a folder: the export lands in that folder, the link stays
+    target.mkdir()
+    (tmp_path / "link").symlink_to(target)
+    assert export.main(["--ckpt", str(tiny_run), "--out", str(tmp_path / "link")]) == 0
+    assert (tmp_path / "link").is_symlink() and (target / "model.safetensors").is_file()
+    capsys.readouterr()
+
+
+def test_export_py_refused_leaves_no_folder_it_made(tiny_run, tmp_path, capsys):
+    broken = tmp_path / "hf"  # a tokenizer the library cannot read: refused after the checks of --out
+    export.main(["--ckpt", str(tiny_run), "--out", str(broken)])
+    (broken / "tokenizer.json").write_text("{}")
+    code = export.main(["--ckpt", str(broken), "--out", str(tmp_path / "new" / "deeper" / "out")])
+    _, err = capsys.readouterr()
+    assert code == 1 and "tokenizer" in one_error_line(err)
+    assert not (tmp_path / "new").exists()
+
+
+# ---- a Hugging Face folder whose tokenizer does not fit, in all three programs ------------------------------
+
+
+@pytest.fixture(scope="module")
+def exported_folder(tiny_run, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("exported") / "hf"
+    assert export.main(["--ckpt", str(tiny_run), "--out", str(out)]) == 0
+    return out
+
+
+@pytest.mark.parametrize("how", ["not a tokenizer", "cut short", "a token more than the model has"])
+def test_a_hugging_face_folder_with_a_bad_tokenizer_is_refused_in_one_line(how, exported_folder, tmp_path, capsys):
+    folder = tmp_path / "hf"
+    shutil.copytree(exported_folder, folder)
+    tokenizer_file = folder / "tokenizer.json"
+    if how == "not a tokenizer":
+        tokenizer_file.write_text("{}")
+    elif how == "cut short":
+        tokenizer_file.write_text(tokenizer_file.read_text()[:500])
+    else:  # transformers saves a tokenizer with added tokens beside a model that has no rows for them
+        tokenizer = Tokenizer.from_file(str(tokenizer_file))
+        tokenizer.add_tokens(["<|user|>"])
+        tokenizer.save(str(tokenizer_file))
+    expected = "do not belong together" if how.startswith("a token") else "cannot be read"
+    for program, args in (
+        (generate, ["--prompt", "<|user|> hi"]),
+        (explain, ["--prompt", "<|user|> hi"]),
+        (export, ["--out", str(tmp_path / "out")]),
+    ):
+        code = program.main(["--ckpt", str(folder), *args])
+        out, err = capsys.readouterr()
+        assert code == 1 and expected in one_error_line(err), program.__name__
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
+
+
+# ---- the programs as a user runs them: a pipe that closes, Ctrl-C at any moment ---------------------------
+
+
+def test_generate_py_into_a_pipe_that_closes_early_ends_quietly(tiny_run):
+    proc = start_script(
+        "generate.py", "--ckpt", str(tiny_run), "--prompt", "ROMEO:", "--max-new-tokens", "100000",
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    proc.stdout.readline()  # as `| head -1` does: read a line, then stop reading
+    proc.stdout.close()
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 141 and "Traceback" not in err and "Error" not in err
+
+
+@pytest.mark.parametrize("program", ["generate.py", "explain.py", "export.py"])
+def test_ctrl_c_at_any_moment_gives_no_traceback(program, tiny_run, tmp_path):
+    """Ctrl-C while the program imports its libraries, or once it works: it stops, in one line at most."""
+    args = {"generate.py": ["--max-new-tokens", "100000"], "explain.py": [], "export.py": ["--out", "x/y/hf"]}
+    for delay in (0.3, 3.0):
+        proc = start_script(
+            program,
+            "--ckpt",
+            str(tiny_run),
+            *args[program],
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        time.sleep(delay)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode in (0, 130, -signal.SIGINT), (delay, err)  # 0: it had finished before
+        assert "Traceback" not in err, (delay, err)
+        if proc.returncode != 0:
+            assert not (tmp_path / "x").exists()  # an export stopped leaves no folder
+        shutil.rmtree(tmp_path / "x", ignore_errors=True)

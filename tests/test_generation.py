@@ -220,6 +220,9 @@ def test_attention_png_crops_to_the_context_window(tiny_run, tmp_path, capsys):
     png = tmp_path / "long.png"
     code, _, err = cli(capsys, "--ckpt", tiny_run, "--prompt", "ROMEO:", "--max-new-tokens", 50, "--attention-png", png)
     assert code == 0 and png.stat().st_size > 10_000 and "the last 32 of" in err
+    first = png.read_bytes()
+    code, _, _ = cli(capsys, "--ckpt", tiny_run, "--prompt", "JULIET:", "--max-new-tokens", 5, "--attention-png", png)
+    assert code == 0 and png.read_bytes() != first  # a picture drawn before is replaced, like any plot
 
 
 def test_attention_plot_draws_what_it_is_given(tmp_path):

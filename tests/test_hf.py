@@ -14,7 +14,7 @@ from tokenizers import Tokenizer
 
 import export
 import generate
-from generation.checkpoint import CheckpointError, load_checkpoint
+from generation.checkpoint import META_KEY, CheckpointError, load_checkpoint
 from model import GPT
 from model.hf import from_hf_state_dict
 
@@ -294,12 +294,22 @@ def test_the_model_card_says_what_the_model_is_and_its_limits(exported, tiny_run
     assert "Final validation" not in card  # the fixture's run has no result.json: no scores made up
     assert json.loads((exported / "generation_config.json").read_text())["max_length"] == config["n_positions"]
 
-    run = tmp_path / "run"  # a run that finished: its result.json gives the final scores
+    # a run of 40 steps that finished: its result.json scores the last weights, and only those
+    run = tmp_path / "run"
     shutil.copytree(tiny_run, run)
-    (run / "result.json").write_text(json.dumps({"metrics": {"val/loss": 3.4347312, "val/bpc": 2.1956188}}))
-    assert export.main(["--ckpt", str(run), "--out", str(tmp_path / "out")]) == 0
-    card = (tmp_path / "out" / "README.md").read_text(encoding="utf-8")
-    assert "Final validation loss 3.4347 nats per token, 2.1956 bits per character." in card
+    ckpt = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
+    ckpt[META_KEY]["config"] = {"trainer": {"max_steps": 40}}
+    for step in (20, 40):
+        torch.save({**ckpt, "global_step": step}, run / "checkpoints" / f"step-{step:06d}.ckpt")
+    result = {"finished": True, "metrics": {"val/loss": 3.4347312, "val/bpc": 2.1956188}}
+    (run / "result.json").write_text(json.dumps(result))
+    cards = {}
+    for step in (20, 40):
+        out = tmp_path / f"out-{step}"
+        assert export.main(["--ckpt", str(run / "checkpoints" / f"step-{step:06d}.ckpt"), "--out", str(out)]) == 0
+        cards[step] = (out / "README.md").read_text(encoding="utf-8")
+    assert "for 40 steps. Final validation loss 3.4347 nats per token, 2.1956 bits per character." in cards[40]
+    assert "for 20 steps (of the run's 40)." in cards[20] and "Final validation" not in cards[20]
 
 
 def test_force_replaces_an_export_with_its_card_but_not_a_readme_of_the_users(exported, tiny_run, tmp_path, capsys):

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer
 
-from generation.checkpoint import CheckpointError, read_weights
+from generation.checkpoint import CheckpointError, read_tokenizer, read_weights
 from model import ConfigError, GPTConfig
 
 SHAPE_KEYS = ("n_layer", "n_head", "n_embd", "vocab_size", "bias")  # fixed by the weights
@@ -80,10 +80,4 @@ def start_from(cfg, asked: set[str]) -> Start | None:
     state = dict(weights.state)
     if config.block_size < weights.config.block_size:  # a shorter context needs fewer positions
         state["transformer.wpe.weight"] = state["transformer.wpe.weight"][: config.block_size].clone()
-    tokenizer = Tokenizer.from_str(weights.tokenizer_json)
-    if tokenizer.get_vocab_size() > config.vocab_size:
-        raise CheckpointError(
-            f"init_from={path}: its tokenizer has {tokenizer.get_vocab_size()} tokens but the model only "
-            f"{config.vocab_size}; the files do not belong together"
-        )
-    return Start(config, state, tokenizer, weights.path)
+    return Start(config, state, read_tokenizer(weights), weights.path)
