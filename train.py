@@ -10,13 +10,16 @@ returns the final val/bpc, which Hydra's sweepers (`-m`, `hparams_search=optuna`
 from __future__ import annotations
 
 import gc
+import signal
 
 # Start-up makes some 700k objects that live as long as the process (torch, Lightning, Hydra). The
 # cyclic collector would sweep them over and over as they are made, and once more at exit: about 2.5 s
 # of a run on two cores. In a process of its own it stays off until main() freezes them, and is on for
-# everything after (imported, as by the tests, nothing changes).
+# everything after (imported, as by the tests, nothing changes). Ctrl-C while the libraries load ends the
+# process at once: nothing has been made yet.
 if __name__ == "__main__":
     gc.disable()
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 import itertools
 import logging
@@ -27,6 +30,7 @@ import shutil
 import sys
 from datetime import datetime
 from pathlib import Path
+from typing import NoReturn
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -48,6 +52,7 @@ from training.run_folder import (
     launcher_restarted,
     process_rank,
     resumable_runs,
+    take_back_claims,
 )
 from training.settings import check, continue_settings, differing_leaves, expand, matches, named_leaves
 from training.sweep import result_record, summarize
@@ -159,6 +164,8 @@ def unknown_setting(key: str, defaults: dict, overrides: list[str]) -> str:
 def check_places(settings: dict[str, str]) -> None:
     """A run folder (hydra.run.dir, or one under runs_root) or sweep folder that cannot be written."""
     for key in ("hydra.run.dir", "runs_root", "hydra.sweep.dir"):
+        if key in settings and not settings[key].strip():
+            raise RunFolderError(f"{key} is empty; give a folder, e.g. {key}=outputs")
         if key in settings:
             try:
                 check_writable(key, settings[key])
@@ -403,8 +410,34 @@ def quoted(text: str) -> str:
     return shlex.quote(text) if re.search(r'["$`\\!\n]', text) else f'"{text}"'
 
 
+def stopped_before_training(run_dir: Path | None = None, resume_record: Path | None = None) -> NoReturn:
+    """Ctrl-C outside the training loop (which stops at a checkpoint by itself): what this process made
+    is taken back, unless the run already has a checkpoint to continue from; one line says which."""
+    kept = take_back_claims()
+    if resume_record is not None:
+        shutil.rmtree(resume_record, ignore_errors=True)  # a resume that never started leaves its run as it was
+    if run_dir is not None and RunFolder(run_dir).has_checkpoint():
+        kept.append(RunFolder(run_dir))
+    if kept:
+        print(f"\nstopped; continue with: {kept[0].continue_command()}", file=sys.stderr)
+    else:
+        print("\nstopped before training began; nothing was written", file=sys.stderr)
+    sys.exit(130)
+
+
 @hydra.main(version_base="1.3", config_path="configs", config_name="train")
 def main(cfg: DictConfig) -> float | None:
+    hydra_cfg = HydraConfig.get()
+    run_dir = Path(hydra_cfg.runtime.output_dir)
+    try:
+        return run_job(cfg)
+    except KeyboardInterrupt:
+        resuming = cfg.get("resume") and str(hydra_cfg.output_subdir).startswith(RunFolder.resume_record(""))
+        stopped_before_training(run_dir, run_dir / hydra_cfg.output_subdir if resuming else None)
+
+
+def run_job(cfg: DictConfig) -> float | None:
+    """main's work: train the run Hydra composed, and say how it ended."""
     from training.run import describe_metrics, train  # Lightning: loaded once the command line is known to be good
 
     if not gc.isenabled():  # the first job of the process: start-up is over (see gc.disable above)
@@ -438,10 +471,10 @@ def main(cfg: DictConfig) -> float | None:
         return result.metrics.get("val/bpc")
     if not result.finished:
         log.warning(
-            "stopped by %s at step %d; checkpoint saved. Continue with: python train.py resume=%s",
+            "stopped by %s at step %d; checkpoint saved. Continue with: %s",
             result.stopped_by,
             result.step,
-            run_dir,
+            RunFolder(run_dir).continue_command(),
         )
         if multirun:
             summarize(Path(hydra_cfg.sweep.dir))
@@ -462,9 +495,12 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # from here Ctrl-C is handled (see the top)
     try:
         hydra_args = Launch(sys.argv[1:]).hydra_args()
     except (*USER_ERRORS, CommandLineError) as err:
         sys.exit(f"error: {err}")
+    except KeyboardInterrupt:
+        stopped_before_training()
     sys.argv = [sys.argv[0], *hydra_args]
     main()

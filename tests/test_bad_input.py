@@ -139,7 +139,10 @@ BAD_SETTINGS = [
     ),
     (["trainer.strategy=dpp"], "trainer settings: You selected an invalid strategy name"),
     (["trainer.profiler=fancy"], "trainer settings: When passing string value for the `profiler` parameter"),
-    (["trainer.min_steps=few"], "trainer.min_steps must be a whole number or null, got 'few'"),
+    (
+        ["trainer.reload_dataloaders_every_n_epochs=few"],
+        "trainer.reload_dataloaders_every_n_epochs must be a whole number, got 'few'",
+    ),
     (["trainer.logger=true"], "trainer.logger cannot be set: choose trackers with logger=wandb|tensorboard|csv|none"),
     (["trainer.limit_train_batches=10"], "trainer.limit_train_batches cannot be set: it would end training before"),
     (
@@ -192,6 +195,12 @@ BAD_SETTINGS = [
     ),  # the search's choices too
     (["--config-dir", "elsewhere"], "train.py composes configs/train.yaml: put your own config files in configs/"),
     (["hydra.job.chdirr=true"], "unknown setting 'hydra.job.chdirr'"),
+    (["runs_root="], "runs_root is empty; give a folder, e.g. runs_root=outputs"),
+    # Lightning settings that would end a run without a step, or train past its schedule without validating
+    (["trainer.max_epochs=0"], "trainer.max_epochs must be at least 1 (or -1 for no limit), got 0"),
+    (["trainer.min_steps=100"], "trainer.min_steps cannot be set: a run trains exactly trainer.max_steps steps"),
+    (["trainer.min_epochs=2"], "trainer.min_epochs cannot be set"),
+    (["trainer.check_val_every_n_epoch=1"], "trainer.check_val_every_n_epoch cannot be set"),
 ]
 
 
@@ -242,6 +251,29 @@ def test_run_folder_that_cannot_be_written(tmp_path):
     blocker.write_text("a file")
     assert refused_command_line(f"hydra.run.dir={blocker}/run") == (
         f"hydra.run.dir={blocker}/run: {blocker} is a file, not a folder; choose a folder you can write to"
+    )
+
+
+def test_the_latest_link_never_takes_the_place_of_a_users_file_or_folder(tmp_path):
+    notes, folder = tmp_path / "notes.txt", tmp_path / "mine"
+    notes.write_text("important")
+    folder.mkdir()
+    assert refused_command_line(f"latest_link={notes}") == (
+        f"latest_link={notes} is a file, which the run's link to itself would replace; choose another path, "
+        "or latest_link=null for no link"
+    )
+    assert "is a folder, which the run's link" in refused_command_line(f"latest_link={folder}")
+    assert "is a file, not a folder" in refused_command_line(f"latest_link={notes}/latest")
+    assert notes.read_text() == "important" and list(folder.iterdir()) == []
+    (tmp_path / "link").symlink_to(folder)  # a link, as an earlier run made it, is replaced
+    assert train.check_command_line([f"latest_link={tmp_path / 'link'}"]) is None
+
+
+@pytest.mark.skipif(not NO_GPU, reason="float16 trains on a GPU")
+def test_float16_on_a_cpu_is_refused_rather_than_trained_as_bfloat16():
+    assert refused_command_line("trainer.precision=16-mixed") == (
+        "trainer.precision=16-mixed needs a CUDA GPU (float16 has no CPU support); use trainer.precision=bf16-mixed "
+        "on a CPU, or leave it out for 32-bit"
     )
 
 
@@ -320,6 +352,8 @@ TESTED_HERE = {
     **{label: test_each_readme_row_for_train_py for label in README_ROWS},
     "`model.block_size` above what `init_from=` has": test_block_size_above_what_the_checkpoint_has,
     "a run folder that cannot be written": test_run_folder_that_cannot_be_written,
+    "`latest_link` at a file or folder of yours": test_the_latest_link_never_takes_the_place_of_a_users_file_or_folder,
+    "`trainer.precision=16-mixed` on a CPU": test_float16_on_a_cpu_is_refused_rather_than_trained_as_bfloat16,
     "`hydra.run.dir` at a folder of your own files": test_run_folder_of_the_users_own_files,
     "a prompt with characters a char tokenizer never saw": test_prompt_with_characters_the_char_tokenizer_never_saw,
     "a truncated or corrupted checkpoint (`--ckpt`)": test_damaged_checkpoint_to_generate_from,

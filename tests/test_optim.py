@@ -115,8 +115,22 @@ def test_global_batch_and_accumulation_together_are_refused():
 )
 def test_precision_left_unset_is_bf16_mixed_only_on_a_gpu_that_has_bf16(machine, accelerator, chosen):
     assert choose_precision(None, accelerator, machine) == chosen
-    assert choose_precision("16-mixed", accelerator, machine) == "16-mixed"  # a precision asked for wins
+    assert choose_precision("bf16-mixed", accelerator, machine) == "bf16-mixed"  # a precision asked for wins
     assert choose_precision(32, accelerator, machine) == "32"  # a number, as the yaml gives it: Lightning's name
+    if chosen == "32-true":
+        return
+    assert choose_precision("16-mixed", accelerator, machine) == "16-mixed"
+
+
+@pytest.mark.skipif(torch.backends.mps.is_available(), reason="float16 is trained on Apple GPUs")
+def test_float16_is_refused_where_the_run_trains_on_a_cpu():
+    """Lightning would train in bf16 instead, while the run's saved settings said 16-mixed."""
+    for machine, accelerator in (
+        (Machine(cuda=False, bf16=False, triton=False), "auto"),
+        (Machine(True, True, True), "cpu"),
+    ):
+        with pytest.raises(SettingError, match="trainer.precision=16-mixed needs a CUDA GPU"):
+            choose_precision("16-mixed", accelerator, machine)
 
 
 def test_the_machine_the_choices_read_is_this_one():

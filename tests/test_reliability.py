@@ -61,6 +61,7 @@ def reference(tmp_path_factory, small_text) -> Path:
         "kill:8",  # after step 8, before its checkpoint: resumes from step 6
         "kill_save:6",  # halfway through writing the step-6 checkpoint
         "kill_save:10",  # halfway through the final checkpoint
+        "kill_end:10",  # after the final checkpoint, before the run's end is recorded: only its end is left
     ],
 )
 def test_killed_run_resumes_bit_for_bit(failpoint, reference, small_text, tmp_path):
@@ -93,6 +94,30 @@ def test_sigkill_at_an_arbitrary_moment(reference, small_text, tmp_path):
     resumed = run_script("train.py", *args_for(small_text), f"hydra.run.dir={run}", f"resume={run}")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert_bit_equal(run / "checkpoints" / "last.ckpt", reference / "checkpoints" / "last.ckpt")
+
+
+def test_ctrl_c_before_training_begins_stops_in_one_line_and_leaves_nothing(small_text, tmp_path):
+    """Ctrl-C at moments from the imports to the first steps: no traceback, and no run folder without a
+    checkpoint left behind (a stop once training runs is the graceful one, with its checkpoint)."""
+    runs_root = tmp_path / "outputs"
+    args = [
+        *args_for(small_text),
+        "trainer.max_steps=100000",
+        "checkpoint.every_n_steps=1000",
+        f"runs_root={runs_root}",
+    ]
+    for delay in (0.5, 2.0, 4.0, 6.0, 8.0):
+        env = {**os.environ, "TINYGPT2_CACHE": str(tmp_path / f"cache-{delay}")}  # each start tokenizes anew
+        proc = start_script("train.py", *args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        time.sleep(delay)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=300)
+        assert "Traceback" not in err, (delay, err[-2000:])
+        assert proc.returncode in (0, 130, -signal.SIGINT), (delay, err[-2000:])
+        if proc.returncode == 130:
+            assert err.rstrip().endswith("stopped before training began; nothing was written"), err[-500:]
+        left = [p for p in runs_root.glob("*/*") if p.is_dir() and not p.is_symlink()]
+        assert all(any((run / "checkpoints").glob("*.ckpt")) for run in left), (delay, left)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])

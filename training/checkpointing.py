@@ -70,7 +70,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 raise CheckpointSaveError(
                     f"no space left on the device while saving {path}; nothing was overwritten, the earlier "
                     f"checkpoints in {path.parent} are intact. Free some space, then continue with "
-                    f"`python train.py resume={path.parent.parent}`"
+                    f"`{RunFolder(path.parent.parent).continue_command()}`"
                 ) from None
             raise
 
@@ -180,6 +180,8 @@ class PeriodicCheckpoints(L.Callback):
 
     def on_train_end(self, trainer, pl_module) -> None:
         self.save(trainer)  # the final state, whatever the step
+        if failpoints.active("kill_end", trainer.global_step):
+            failpoints.kill_now()
 
 
 def link_last(link: Path, target: Path) -> None:

@@ -214,6 +214,19 @@ def check_writable(key: str, folder: str) -> None:
         ) from None
 
 
+def check_link_place(key: str, path: str) -> None:
+    """Where a run puts a symlink to itself: free, or a symlink already (it is replaced); never a file or
+    folder of the user's, which the link would take the place of."""
+    link = Path(path).expanduser().absolute()
+    if link.exists() and not link.is_symlink():
+        kind = "folder" if link.is_dir() else "file"
+        raise SettingError(
+            f"{key}={path} is a {kind}, which the run's link to itself would replace; choose another path, "
+            f"or {key}=null for no link"
+        )
+    check_writable(key, str(link.parent))
+
+
 @dataclass(frozen=True)
 class Precision:
     """trainer.precision: null (chosen per device) or a Lightning precision; Lightning checks the name."""
@@ -307,7 +320,7 @@ SPEC: dict[str, Any] = {
     "logger.tensorboard": dict,
     "trainer.max_steps": Number(whole=True, min=1, also=(-1,), also_means="with trainer.max_time"),
     "trainer.max_time": TimeSpan(),
-    "trainer.max_epochs": Number(whole=True, min=-1, optional=True),
+    "trainer.max_epochs": Number(whole=True, min=1, also=(-1,), also_means="for no limit", optional=True),
     "trainer.val_check_interval": ValidationEvery(),
     "trainer.check_val_every_n_epoch": Number(whole=True, min=1, optional=True),
     "trainer.limit_val_batches": ValidationBatches(),
@@ -342,6 +355,8 @@ OWN_TRAINER_ARGUMENTS = {
     "limit_train_batches": "it would end training before trainer.max_steps with the schedule unfinished; lower trainer.max_steps",
     "fast_dev_run": "it runs a batch or two with checkpoints and loggers off; try a setup with debug=default instead",
     "overfit_batches": "it would train on a few batches while the schedule and data order assume the whole run",
+    "min_steps": "a run trains exactly trainer.max_steps steps, and would stop validating past them; raise trainer.max_steps",
+    "min_epochs": "a run is one pass of trainer.max_steps batches, and would stop validating past it; raise trainer.max_steps",
 }
 
 
@@ -478,6 +493,11 @@ def check_together(values: dict[str, Any]) -> None:
                 "optim=muon does not work with trainer.strategy=fsdp (its checkpoint cannot gather the state of its "
                 "two optimizers); use optim=adamw, or trainer.strategy=ddp"
             )
+    if trainer.get("check_val_every_n_epoch") is not None:
+        raise SettingError(
+            "trainer.check_val_every_n_epoch cannot be set: a run is one pass of trainer.max_steps batches; "
+            "validate every N steps with trainer.val_check_interval=N"
+        )
     if values.get("tokens_per_step") is not None and (trainer.get("accumulate_grad_batches") or 1) != 1:
         raise SettingError("set either tokens_per_step or trainer.accumulate_grad_batches, not both")
     if (values.get("tokenizer") or {}).get("kind") == "pretrained" and not (values.get("tokenizer") or {}).get("path"):

@@ -83,6 +83,15 @@ def train(
         if main_process:
             record(folder, settings, result, list(overrides))
         return result
+    except (KeyboardInterrupt, SystemExit) as stop:
+        # Ctrl-C outside the training loop (start-up, data preparation; twice in the loop), which Lightning
+        # turns into exit(1) inside fit: a new run with no checkpoint yet has nothing to continue and is
+        # taken back; train.py says which
+        if isinstance(stop, SystemExit) and not isinstance(stop.__context__, KeyboardInterrupt):
+            raise
+        if taken is not None and checkpoint is None:
+            taken.take_back()
+        raise KeyboardInterrupt from None
     finally:
         if taken is not None:
             taken.release()
@@ -148,8 +157,12 @@ def fit(
         default_root_dir=str(folder.path),
     )
     describe_run(settings, module)
+    data = build_data(settings)
     try:
-        trainer.fit(module, datamodule=build_data(settings), ckpt_path=settings.resume_from, weights_only=True)
+        trainer.fit(module, datamodule=data, ckpt_path=settings.resume_from, weights_only=True)
+        if settings.resume_step is not None and settings.resume_step == settings.max_steps:
+            # stopped after its last step, before its end: fit had no step to train, so validate here
+            trainer.validate(module, datamodule=data, verbose=False)
     finally:
         finish_loggers(loggers)
     metrics = dict(module.latest_train_values)

@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import re
+import shlex
 import shutil
 import socket
 from dataclasses import dataclass, field
@@ -105,6 +106,10 @@ class RunFolder:
 
     def has_checkpoint(self) -> bool:
         return any(self.checkpoints.glob("*.ckpt"))
+
+    def continue_command(self) -> str:
+        """The command that continues this run, quoted so that it can be pasted as it is printed."""
+        return f"python train.py {shlex.quote(f'resume={self.path}')}"
 
     def other_files(self) -> list[str]:
         """Names in the folder beyond what a run holds as it starts."""
@@ -261,6 +266,9 @@ class RunFolder:
     def point_latest(self, link: Path) -> None:
         """Make `link` (e.g. outputs/latest) a symlink to this run, replacing the old one atomically."""
         link = Path(link)
+        if link.exists() and not link.is_symlink():  # made since the run's settings were checked: kept
+            log.warning("%s is not a link (it was made while the run trained), so it is left as it is", link)
+            return
         link.parent.mkdir(parents=True, exist_ok=True)
         tmp = link.with_name(f".{link.name}.{os.getpid()}")
         tmp.unlink(missing_ok=True)
@@ -270,6 +278,17 @@ class RunFolder:
 
 _HELD: dict[str, int] = {}  # run folder -> the descriptor holding its lock in this process
 _CLAIMS: dict[str, Claim] = {}  # run folder -> what this process made there
+
+
+def take_back_claims() -> list[RunFolder]:
+    """Ctrl-C before a run began: every folder this process claimed is taken back, but for those that
+    hold a checkpoint, which are only unlocked and returned."""
+    kept = []
+    for taken in list(_CLAIMS.values()):
+        taken.take_back()
+        if taken.folder.has_checkpoint():
+            kept.append(taken.folder)
+    return kept
 
 
 def claim(folder: RunFolder, new: bool) -> Claim:

@@ -32,6 +32,7 @@ from .checks import (
     ABSENT,
     SPEC,
     SettingError,
+    check_link_place,
     check_values,
     check_writable,
     lookup,
@@ -42,7 +43,7 @@ from .checks import (
 )
 from .init_from import Start, model_keys_in, start_from
 from .run_folder import SETTINGS_MARK as PREPARED
-from .run_folder import process_rank
+from .run_folder import RunFolder, process_rank
 
 log = logging.getLogger(__name__)
 
@@ -180,10 +181,19 @@ def on_cuda(accelerator: str, machine: Machine) -> bool:
 
 
 def choose_precision(requested: str | int | None, accelerator: str = "auto", machine: Machine | None = None) -> str:
-    """bf16 mixed precision on GPUs that support it, full 32-bit elsewhere; an explicit choice wins."""
+    """bf16 mixed precision on GPUs that support it, full 32-bit elsewhere; an explicit choice wins,
+    but not float16 on a CPU, where Lightning would train in bf16 while the run recorded float16."""
+    machine = machine or Machine.this()
+    on_cpu = accelerator == "cpu" or (
+        accelerator == "auto" and not machine.cuda and not torch.backends.mps.is_available()
+    )
+    if requested and str(requested) in ("16-mixed", "16", "16-true") and on_cpu:
+        raise SettingError(
+            f"trainer.precision={requested} needs a CUDA GPU (float16 has no CPU support); "
+            "use trainer.precision=bf16-mixed on a CPU, or leave it out for 32-bit"
+        )
     if requested:
         return str(requested)
-    machine = machine or Machine.this()
     return "bf16-mixed" if on_cuda(accelerator, machine) and machine.bf16 else "32-true"
 
 
@@ -247,6 +257,8 @@ def check(values: dict[str, Any], new_run: bool = True) -> tuple[dict[str, Any],
                 f"init_from={init_from} does not exist; pass a .ckpt file, a run folder or a Hugging Face folder"
             )
         check_writable("data.cache_dir", values["data"]["cache_dir"])
+        if values.get("latest_link"):
+            check_link_place("latest_link", values["latest_link"])
         for name in PATH_KEYS:
             if lookup(values, name) is not ABSENT:
                 put(values, name, absolute(lookup(values, name)))
@@ -394,7 +406,7 @@ def continue_settings(checkpoint: Path, requested: dict[str, Any], named: Iterab
     run = checkpoint.parent.parent
     named = expand(named, requested, saved)
     values = continue_values(saved, requested, named, run)
-    check_continuation(values, header["step"])
+    check_continuation(values, header["step"], finished=RunFolder(run).is_finished())
     before = {key: lookup(values, key) for key in left_before if key in MACHINE_KEYS and key not in named}
     for key in before:
         put(values, key, None)  # for check() to choose for this machine
@@ -503,9 +515,13 @@ def continue_values(
     return values
 
 
-def check_continuation(values: dict[str, Any], step: int) -> None:
-    """A continued run with a step limit must have steps left to train."""
+def check_continuation(values: dict[str, Any], step: int, finished: bool = True) -> None:
+    """A continued run with a step limit must have steps left to train, or, stopped after its last step
+    and before its result was recorded (not `finished`), its end left to finish."""
     max_steps = values["trainer"]["max_steps"]
+    if max_steps == step and not finished:
+        log.info("the run trained all its %d steps but stopped before it ended; ending it now", step)
+        return
     if 0 < max_steps <= step:
         where = (
             f"finished: it reached trainer.max_steps={max_steps}"
