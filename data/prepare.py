@@ -172,9 +172,10 @@ def check_sizes(cache: TokenCache, block_size: int) -> None:
     for split in ("train", "val"):
         have = cache.meta[f"{split}_tokens"]
         if have < need:
+            share = "a smaller data.val_fraction" if split == "train" else "a larger data.val_fraction"
             raise DataError(
                 f"the {split} split has {have} tokens, fewer than block_size + 1 = {need}; use more text, "
-                f"a larger data.val_fraction, or a smaller model.block_size"
+                f"{share}, or a smaller model.block_size"
             )
 
 

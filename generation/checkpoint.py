@@ -17,6 +17,7 @@ carries pickled objects is refused.
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import re
 from dataclasses import dataclass, field
@@ -97,6 +98,11 @@ def given_or_newest(path: str | Path | None) -> Path:
         return Path(path)
     if NEWEST_RUN.exists():
         return NEWEST_RUN
+    if NEWEST_RUN.is_symlink():
+        raise CheckpointError(
+            f"{NEWEST_RUN} links to {os.readlink(NEWEST_RUN)}, which no longer exists; pass --ckpt with a run "
+            f"folder that does (they are under {NEWEST_RUN.parent}/), or train one with `python train.py`"
+        )
     raise CheckpointError(f"no run found at {NEWEST_RUN}; train one with `python train.py` or pass --ckpt RUN_FOLDER")
 
 

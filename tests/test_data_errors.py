@@ -128,7 +128,14 @@ def test_a_text_column_of_numbers(tmp_path):
 def test_validation_part_shorter_than_a_window(tmp_path, small_text):
     message = refused_preparation(tmp_path, path=str(small_text), block_size=20_000, tokenized=True)
     assert message.startswith("the val split has ") and "fewer than block_size + 1 = 20001" in message
-    assert "data.val_fraction" in message and "model.block_size" in message
+    assert "a larger data.val_fraction" in message and "model.block_size" in message
+
+
+def test_training_part_shorter_than_a_window(tmp_path):
+    path = tmp_path / "ten.txt"
+    path.write_text("0123456789")
+    message = refused_preparation(tmp_path, tokenizer=bpe_config(vocab_size=260), path=str(path), tokenized=True)
+    assert message.startswith("the train split has ") and "a smaller data.val_fraction" in message  # not larger
 
 
 def test_vocabulary_too_small_for_the_byte_alphabet(tmp_path, small_text):

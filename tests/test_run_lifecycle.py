@@ -153,6 +153,9 @@ def test_a_contradicting_setting_beside_resume_is_refused(small_text, tmp_path):
         train.check_command_line([f"resume={run / 'checkpoints'}"]) is None
     )  # the checkpoints folder names the run too
     assert "holds no run" in train.check_command_line([f"resume={tmp_path}"])
+    assert train.check_command_line([f"resume={run / 'config.yaml'}"]) == (
+        f"resume={run / 'config.yaml'} is a file of a run, not a checkpoint; give the run folder: resume={run}"
+    )
     allowed = [
         ["trainer.max_steps=40", "checkpoint.keep=3", "checkpoint.every_n_steps=5", "samples.enabled=false"],
         [

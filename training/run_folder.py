@@ -348,6 +348,10 @@ def folder_of(path: str | os.PathLike) -> RunFolder:
         return folder
     if path.is_file() and path.parent.name == CHECKPOINTS_DIR:
         return RunFolder(path.parent.parent.resolve())
+    if path.is_file() and path.parent.joinpath(CHECKPOINTS_DIR).is_dir():  # a file of a run: its config.yaml, ...
+        raise RunFolderError(
+            f"resume={path} is a file of a run, not a checkpoint; give the run folder: resume={path.parent}"
+        )
     if path.is_file():
         raise RunFolderError(
             f"resume={path}: a checkpoint outside a run folder cannot be resumed; use init_from={path}"
