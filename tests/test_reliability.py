@@ -81,6 +81,24 @@ def test_killed_run_resumes_bit_for_bit(failpoint, reference, small_text, tmp_pa
     assert (run / ".hydra" / "config.yaml").is_file() and list((run / ".hydra").glob("resume-*"))
 
 
+def test_resuming_from_an_earlier_checkpoint_sets_the_later_ones_aside(small_text, tmp_path):
+    """resume= at an earlier checkpoint starts a new history from there; a later resume= of the run must
+    continue that one, not the checkpoints the first history left."""
+    run = tmp_path / "run"
+    killed = run_script("train.py", *args_for(small_text), f"hydra.run.dir={run}", failpoint="kill:8")
+    assert killed.returncode == -signal.SIGKILL  # step files 2, 4 and 6 are written
+    earlier = run / "checkpoints" / "step-000002.ckpt"
+    longer = run_script("train.py", f"resume={earlier}", "trainer.max_steps=20", failpoint="kill:5")
+    assert longer.returncode == -signal.SIGKILL, longer.stderr[-2000:]
+    assert "moved to" in longer.stderr + longer.stdout
+    aside = run / "checkpoints" / "superseded"
+    assert (aside / "step-000006.ckpt").is_file() and (aside / "step-000004.ckpt").is_file()
+    resumed = run_script("train.py", f"resume={run}")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "step-000004.ckpt (step 4)" in resumed.stderr + resumed.stdout  # the new history's newest
+    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 20
+
+
 def test_sigkill_at_an_arbitrary_moment(reference, small_text, tmp_path):
     run = tmp_path / "run"
     proc = start_script(

@@ -79,6 +79,14 @@ def train(
             raise
         if main_process and checkpoint is None:
             save_settings(folder, settings)
+        if main_process and checkpoint is not None:
+            moved = folder.set_aside_after(settings.resume_step)
+            if moved:
+                log.warning(
+                    "resuming from step %d, before the run's newest checkpoint: the %d checkpoint(s) after it "
+                    "are moved to %s, and the run goes on from step %d",
+                    settings.resume_step, len(moved), moved[0].parent, settings.resume_step,
+                )  # fmt: skip
         result = fit(settings, folder, start, extra_callbacks)
         if main_process:
             record(folder, settings, result, list(overrides))

@@ -15,6 +15,7 @@ the checkpoint names generation.checkpoint reads run folders by, which it define
 from __future__ import annotations
 
 import errno
+import itertools
 import json
 import logging
 import os
@@ -194,6 +195,29 @@ class RunFolder:
         if len(readable) < len(candidates):
             log.warning("continuing from %s, the newest checkpoint that can be read", chosen)
         return chosen
+
+    def set_aside_after(self, step: int) -> list[Path]:
+        """A run resumed from an earlier checkpoint than its newest abandons what came after it: those
+        checkpoints (step files, and best.ckpt if it is later) are moved to checkpoints/superseded/, kept
+        but never resumed from by mistake. Returns where they went."""
+        later = [p for p in self.step_checkpoints() if step_of(p) > step]
+        if self.best.is_file() and step_of(self.best) > step:
+            later.append(self.best)
+        if not later:
+            return []
+        aside = self.checkpoints / "superseded"
+        aside.mkdir(exist_ok=True)
+        moved = []
+        for path in later:
+            target = aside / path.name
+            for n in itertools.count(2):
+                if not target.exists():
+                    break
+                target = aside / f"{path.stem}-{n}{path.suffix}"
+            moved.append(path.rename(target))
+        if self.last.is_symlink() and not self.last.exists():  # it named a file moved aside
+            self.last.unlink()
+        return moved
 
     def checkpoint_named(self, resume: str | os.PathLike) -> Path:
         """The checkpoint resume= names in this run: the file given, else the one to resume from."""
