@@ -37,17 +37,25 @@ TRAIN_RUN = 256
 REPORT_SECONDS = 10
 
 
+def bpe_vocab_size_problem(vocab_size: int) -> str | None:
+    """What is wrong with a byte-level BPE of vocab_size tokens, if anything."""
+    if vocab_size < BYTE_ALPHABET + 1:
+        return (
+            f"tokenizer.vocab_size={vocab_size} is too small: byte-level BPE needs {BYTE_ALPHABET} byte "
+            f"tokens plus {EOT}, so at least {BYTE_ALPHABET + 1}"
+        )
+    return None
+
+
 def train_bpe(texts: Iterable[str], vocab_size: int) -> Tokenizer:
     """GPT-2 style byte-level BPE trained on texts, with <|endoftext|> as its one special token.
 
     Every byte has a token, so any text encodes and decodes back exactly. Words longer than TRAIN_RUN
     characters are learnt from in pieces; the tokenizer returned encodes with GPT-2's own pre-tokenizer.
     """
-    if vocab_size < BYTE_ALPHABET + 1:
-        raise DataError(
-            f"tokenizer.vocab_size={vocab_size} is too small: byte-level BPE needs {BYTE_ALPHABET} byte "
-            f"tokens plus {EOT}, so at least {BYTE_ALPHABET + 1}"
-        )
+    problem = bpe_vocab_size_problem(vocab_size)
+    if problem:
+        raise DataError(problem)
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = training_pre_tokenizer()
     tokenizer.decoder = decoders.ByteLevel()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 from collections import deque
@@ -213,8 +214,13 @@ def draw_loss_curve(path: Path, train: list[tuple[float, float]], val: list[tupl
     ax.grid(True, alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")  # a stop mid-write leaves the old picture
+    try:
+        fig.savefig(partial, format="png")
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
+        plt.close(fig)
 
 
 def smooth(values, points: int = 40) -> list[float]:

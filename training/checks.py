@@ -18,6 +18,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from data.tokenizer import bpe_vocab_size_problem
 from model import GPTConfig
 
 
@@ -500,8 +501,13 @@ def check_together(values: dict[str, Any]) -> None:
         )
     if values.get("tokens_per_step") is not None and (trainer.get("accumulate_grad_batches") or 1) != 1:
         raise SettingError("set either tokens_per_step or trainer.accumulate_grad_batches, not both")
-    if (values.get("tokenizer") or {}).get("kind") == "pretrained" and not (values.get("tokenizer") or {}).get("path"):
+    tokenizer = values.get("tokenizer") or {}
+    if tokenizer.get("kind") == "pretrained" and not tokenizer.get("path"):
         raise SettingError(REQUIRED_HINTS["tokenizer.path"])
+    if tokenizer.get("kind") == "bpe" and isinstance(tokenizer.get("vocab_size"), int):
+        problem = bpe_vocab_size_problem(tokenizer["vocab_size"])  # said before the text is read, not after
+        if problem:
+            raise SettingError(problem)
 
 
 # ---- any other Lightning Trainer argument --------------------------------------------------------------
