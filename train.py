@@ -125,17 +125,24 @@ class Composer:
                 raise CommandLineError(
                     f"the {missing.group(2)} sweeper is not installed: pip install -e '.[optuna]'"
                 ) from None
+            missing = missing or re.search(r"Could not (?:find|load) '([^']+)/([^']*)'", lines[0])
             if missing:
                 group, choice = missing.groups()
-                raise CommandLineError(
-                    f"{group}={choice} is not a choice; choose one of: {', '.join(options)}"
-                ) from None
+                options = options or sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml"))
+                said = f"{group}={choice} is not a choice" if choice else f"{group}= needs a choice"
+                raise CommandLineError(f"{said}; choose one of: {', '.join(options)}") from None
             raise CommandLineError(lines[0]) from None
         except OverrideParseException as err:
             raise CommandLineError(
                 f"cannot read the command line ({str(err).splitlines()[0]}); write overrides as key=value"
             ) from None
         except HydraException as err:
+            several = re.match(r"Ambiguous value for argument '(([^=']+)=[^']*)'", str(err))
+            if several:
+                raise CommandLineError(
+                    f"{several.group(1)} gives several values: to train one run for each, add -m "
+                    f"(python train.py -m {several.group(1)} ...); for a list, write {several.group(2)}=[...]"
+                ) from None
             cause = err.__cause__
             if (cause is not None and "not in struct" in str(cause)) or str(err).startswith("Could not override"):
                 raise CommandLineError(unknown_setting(str(err).split("'")[1], self.defaults, overrides)) from None

@@ -197,6 +197,10 @@ BAD_SETTINGS = [
     (["--config-dir", "elsewhere"], "train.py composes configs/train.yaml: put your own config files in configs/"),
     (["hydra.job.chdirr=true"], "unknown setting 'hydra.job.chdirr'"),
     (["runs_root="], "runs_root is empty; give a folder, e.g. runs_root=outputs"),
+    (["model="], "model= needs a choice; choose one of: baby, gpt2, gpt2-large, gpt2-medium, gpt2-xl, nano"),
+    (["logger=[csv,bogus]"], "logger=bogus is not a choice; choose one of: csv, none, tensorboard, wandb"),
+    (["optim.lr=1e-3,2e-3"], "optim.lr=1e-3,2e-3 gives several values: to train one run for each, add -m"),
+    (["~model.n_layer"], "model.n_layer is missing, and a run needs it"),
     # Lightning settings that would end a run without a step, or train past its schedule without validating
     (["trainer.max_epochs=0"], "trainer.max_epochs must be at least 1 (or -1 for no limit), got 0"),
     (["trainer.min_steps=100"], "trainer.min_steps cannot be set: a run trains exactly trainer.max_steps steps"),
