@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -27,6 +28,9 @@ if TYPE_CHECKING:
 # tokens are cached never reads text, and importing `datasets` takes about a second.
 
 log = logging.getLogger(__name__)
+# datasets' file readers log each failure to read a file (twice: their own handler, then the root's) before
+# raising it; the error is then said once, in one line that names the file (explain_file_error)
+logging.getLogger("datasets.packaged_modules").setLevel(logging.CRITICAL)
 
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 VALIDATION_SPLITS = ("validation", "valid", "val", "dev")  # what data.val_split=auto looks for
@@ -138,8 +142,11 @@ def explain_file_error(err: Exception, files: list[str], fmt: str, where: str) -
     about_utf8 = any(isinstance(e, UnicodeDecodeError) or "utf8" in str(e).lower().replace("-", "") for e in chain)
     if about_utf8 and (bad := find_not_utf8(files)) is not None:
         return bad
-    innermost = str(chain[-1]).strip().splitlines()
-    reason = innermost[0].rstrip(".") if innermost else type(chain[-1]).__name__
+    # the reader's own failure names the row (pyarrow: "... in row 2000"); a fallback reader's, tried
+    # after it, is innermost and names a position that means nothing to the user
+    named = next((e for e in chain if re.search(r"\bin row \d+", str(e))), chain[-1])
+    lines = str(named).strip().splitlines()
+    reason = lines[0].rstrip(".") if lines else type(named).__name__
     return DataError(f"{where} cannot be read as {fmt}: {reason}; check the file or set data.format")
 
 

@@ -106,6 +106,15 @@ def test_a_text_column_that_does_not_exist_lists_the_ones_that_do(tmp_path, fmt)
     )
 
 
+def test_a_jsonl_file_with_one_bad_row_is_named_by_its_row_once(tmp_path, capfd, caplog):
+    path = tmp_path / "notes.jsonl"
+    path.write_text("".join(f'{{"text": "line {i}"}}\n' for i in range(2000)) + "{not json\n")
+    message = refused_preparation(tmp_path, path=str(path))
+    assert message.startswith(f"{path} cannot be read as json: ") and "in row 2000" in message
+    _, err = capfd.readouterr()
+    assert "Failed to load JSON" not in err + caplog.text  # said once, by the error, not logged before it
+
+
 def test_a_file_that_is_not_what_its_extension_says(tmp_path):
     path = tmp_path / "broken.jsonl"
     path.write_text('{"text": "fine"}\n{"text": not json\n')
