@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import re
+import socket
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.parse import urlparse
 
 from .corpus import Corpus, Part
 from .errors import DataError
@@ -173,6 +177,8 @@ def hub_source(cfg) -> Source:
     split = cfg.get("split") or "train"
 
     def open_corpus(piece_chars: int | None) -> Corpus:
+        if not folder.is_dir():
+            go_offline_if_unreachable()
         val_split = resolve_val_split(cfg, split)
         rule = "train" if val_split else ("every" if cfg.get("streaming") else "tail")
         parts = [hub_part(cfg, split, rule)]
@@ -181,6 +187,28 @@ def hub_source(cfg) -> Source:
         return Corpus(parts, cfg.val_fraction)
 
     return Source(str(name), identity, open_corpus)
+
+
+def go_offline_if_unreachable(timeout: float = 5.0) -> None:
+    """With no network, huggingface_hub retries each request five times over about 25 s, logging every
+    try; one quick connection to the Hub decides instead, and without it the datasets cache alone is
+    read (HF_HUB_OFFLINE), which holds the dataset or fails at once."""
+    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on"):
+        return
+    endpoint = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    try:
+        socket.create_connection((endpoint.hostname, endpoint.port or 443), timeout=timeout).close()
+        return
+    except OSError as err:
+        log.info(
+            "the Hugging Face Hub (%s) cannot be reached (%s): reading the local datasets cache only",
+            endpoint.hostname,
+            err,
+        )
+    os.environ["HF_HUB_OFFLINE"] = "1"  # read when huggingface_hub and datasets are imported; if they are already:
+    for module, name in (("huggingface_hub.constants", "HF_HUB_OFFLINE"), ("datasets.config", "HF_HUB_OFFLINE")):
+        if module in sys.modules:
+            setattr(sys.modules[module], name, True)
 
 
 def hub_part(cfg, split: str, rule: str) -> Part:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import datasets
 import huggingface_hub
 import pytest
@@ -10,7 +12,7 @@ from omegaconf import OmegaConf
 from data import DataError
 from data.datamodule import TextDataModule
 
-from .common import TINY_OVERRIDES, bpe_config, data_config, hub_folder, run_script
+from .common import TINY_OVERRIDES, bpe_config, data_config, hub_folder, one_error_line, run_script
 
 
 def refused_preparation(tmp_path, tokenizer=None, block_size=32, tokenized=False, **data) -> str:
@@ -155,6 +157,7 @@ def test_vocabulary_too_small_for_the_byte_alphabet(tmp_path, small_text):
 
 
 def test_hub_dataset_while_offline(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     message = refused_preparation(
@@ -162,6 +165,19 @@ def test_hub_dataset_while_offline(tmp_path, monkeypatch):
     )
     assert message.startswith("data.name=roneneldan/TinyStories: the Hugging Face Hub cannot be reached (offline?)")
     assert "local dataset folder" in message and "data=text data.path=" in message
+
+
+@pytest.mark.slow
+def test_hub_dataset_with_no_hub_to_reach_is_refused_at_once_in_one_line(tmp_path):
+    """As a user without a network runs it: the Hub is tried once, not five times with a line for each."""
+    env = {**os.environ, "HF_ENDPOINT": "http://127.0.0.1:9", "TINYGPT2_CACHE": str(tmp_path / "cache")}
+    env.pop("HF_HUB_OFFLINE", None)
+    proc = run_script("train.py", *TINY_OVERRIDES, "data=hub", "data.name=roneneldan/TinyStories", env=env)
+    assert proc.returncode == 1
+    assert one_error_line(proc.stderr).startswith(
+        "error: data.name=roneneldan/TinyStories: the Hugging Face Hub cannot be reached (offline?)"
+    )
+    assert "Retry" not in proc.stderr + proc.stdout
 
 
 def test_hub_split_that_does_not_exist(tmp_path):
