@@ -133,6 +133,12 @@ class Composer:
                 raise CommandLineError(f"{said}; choose one of: {', '.join(options)}") from None
             raise CommandLineError(lines[0]) from None
         except OverrideParseException as err:
+            home = next((o for o in overrides if re.fullmatch(r"[\w.+]+=~/.*", o)), None)
+            if home is not None:  # Hydra's grammar reads a leading ~ as an operator, and the shell left it
+                key, value = home.split("=", 1)
+                raise CommandLineError(
+                    f"{home}: a value cannot start with ~ on this command line; write {key}=$HOME/{value[2:]}"
+                ) from None
             raise CommandLineError(
                 f"cannot read the command line ({str(err).splitlines()[0]}); write overrides as key=value"
             ) from None

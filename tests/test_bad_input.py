@@ -197,6 +197,10 @@ BAD_SETTINGS = [
     (["--config-dir", "elsewhere"], "train.py composes configs/train.yaml: put your own config files in configs/"),
     (["hydra.job.chdirr=true"], "unknown setting 'hydra.job.chdirr'"),
     (["runs_root="], "runs_root is empty; give a folder, e.g. runs_root=outputs"),
+    (
+        ["data.path=~/x.txt"],
+        "data.path=~/x.txt: a value cannot start with ~ on this command line; write data.path=$HOME/x.txt",
+    ),
     (["model="], "model= needs a choice; choose one of: baby, gpt2, gpt2-large, gpt2-medium, gpt2-xl, nano"),
     (["logger=[csv,bogus]"], "logger=bogus is not a choice; choose one of: csv, none, tensorboard, wandb"),
     (["optim.lr=1e-3,2e-3"], "optim.lr=1e-3,2e-3 gives several values: to train one run for each, add -m"),
