@@ -423,9 +423,10 @@ def quoted(text: str) -> str:
     return shlex.quote(text) if re.search(r'["$`\\!\n]', text) else f'"{text}"'
 
 
-def stopped_before_training(run_dir: Path | None = None, resume_record: Path | None = None) -> NoReturn:
-    """Ctrl-C outside the training loop (which stops at a checkpoint by itself): what this process made
-    is taken back, unless the run already has a checkpoint to continue from; one line says which."""
+def stopped_by_ctrl_c(run_dir: Path | None = None, resume_record: Path | None = None) -> NoReturn:
+    """Ctrl-C outside the training loop's own graceful stop (start-up, data preparation, a second Ctrl-C):
+    what this process made is taken back, unless the run has a checkpoint to continue from; one line
+    says which. `run_dir`: the run's folder, once Hydra runs it."""
     kept = take_back_claims()
     if resume_record is not None:
         shutil.rmtree(resume_record, ignore_errors=True)  # a resume that never started leaves its run as it was
@@ -433,8 +434,10 @@ def stopped_before_training(run_dir: Path | None = None, resume_record: Path | N
         kept.append(RunFolder(run_dir))
     if kept:
         print(f"\nstopped; continue with: {kept[0].continue_command()}", file=sys.stderr)
-    else:
+    elif run_dir is None:
         print("\nstopped before training began; nothing was written", file=sys.stderr)
+    else:
+        print("\nstopped before the run's first checkpoint; nothing was kept", file=sys.stderr)
     sys.exit(130)
 
 
@@ -446,7 +449,7 @@ def main(cfg: DictConfig) -> float | None:
         return run_job(cfg)
     except KeyboardInterrupt:
         resuming = cfg.get("resume") and str(hydra_cfg.output_subdir).startswith(RunFolder.resume_record(""))
-        stopped_before_training(run_dir, run_dir / hydra_cfg.output_subdir if resuming else None)
+        stopped_by_ctrl_c(run_dir, run_dir / hydra_cfg.output_subdir if resuming else None)
 
 
 def run_job(cfg: DictConfig) -> float | None:
@@ -514,6 +517,6 @@ if __name__ == "__main__":
     except (*USER_ERRORS, CommandLineError) as err:
         sys.exit(f"error: {err}")
     except KeyboardInterrupt:
-        stopped_before_training()
+        stopped_by_ctrl_c()
     sys.argv = [sys.argv[0], *hydra_args]
     main()

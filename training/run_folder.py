@@ -5,6 +5,7 @@ the checkpoint names generation.checkpoint reads run folders by, which it define
     <run>/config.yaml            the settings the run started with (never rewritten)
          tokenizer.json          its tokenizer
          checkpoints/step-NNNNNN.ckpt, last.ckpt (a link to the newest step file), best.ckpt
+         checkpoints/superseded/ those after the checkpoint a resume= went back to
          result.json             the final metrics, written when the run ends or stops
          metrics.csv, loss.png, samples.md, tensorboard/, wandb/, .wandb_id
          wandb/data/             wandb's data folder (artifacts staged for an offline run's sync)
