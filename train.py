@@ -443,11 +443,11 @@ def stopped_by_ctrl_c(run_dir: Path | None = None, resume_record: Path | None = 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="train")
 def main(cfg: DictConfig) -> float | None:
-    hydra_cfg = HydraConfig.get()
-    run_dir = Path(hydra_cfg.runtime.output_dir)
     try:
         return run_job(cfg)
     except KeyboardInterrupt:
+        hydra_cfg = HydraConfig.get()
+        run_dir = Path(hydra_cfg.runtime.output_dir)
         resuming = cfg.get("resume") and str(hydra_cfg.output_subdir).startswith(RunFolder.resume_record(""))
         stopped_by_ctrl_c(run_dir, run_dir / hydra_cfg.output_subdir if resuming else None)
 
@@ -519,4 +519,7 @@ if __name__ == "__main__":
     except KeyboardInterrupt:
         stopped_by_ctrl_c()
     sys.argv = [sys.argv[0], *hydra_args]
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:  # while Hydra composes, before main's own body runs
+        stopped_by_ctrl_c()
