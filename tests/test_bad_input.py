@@ -159,6 +159,7 @@ BAD_SETTINGS = [
     (["samples.prompts=[1,2]"], "samples.prompts[0] must be text, got 1"),
     (["compile=yes"], "compile must be true, false or null, got 'yes'"),
     (["model.n_layer=two"], "model.n_layer must be a whole number of at least 1, got 'two'"),
+    (["model.n_embd=128.5"], "model.n_embd must be a whole number of at least 1, got 128.5"),
     (["model.dropout=nan"], "model.dropout must be a number in [0, 1), got nan"),
     (["model.dropout=1.5"], "model.dropout must be a number in [0, 1), got 1.5"),
     (["model.dropout=high"], "model.dropout must be a number in [0, 1), got 'high'"),
@@ -221,6 +222,7 @@ def test_bad_settings_of_every_kind_are_refused_in_one_line(args, message):
 def test_good_settings_of_the_same_kinds_are_accepted():
     for args in (
         ["optim.betas=[0.8,0.9]", "optim.schedule=linear", "seed=1e3", "trainer.max_steps=2e3"],
+        ["model.n_embd=1.28e2", "model.n_layer=2.0", "model.n_head=4"],
         [
             "trainer.deterministic=true",
             "trainer.profiler=simple",

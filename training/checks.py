@@ -13,7 +13,7 @@ import math
 import tempfile
 import types
 import typing
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -426,7 +426,11 @@ def check_values(values: dict[str, Any]) -> dict[str, Any]:
             raise SettingError(
                 f"unknown logger '{name}'; use logger=wandb, tensorboard, csv or none (or a list of them)"
             )
-    check_model(values.get("model") or {})
+    model = values.get("model") or {}
+    for name in WHOLE_MODEL_SETTINGS:  # model.n_embd=1e3 is 1000, as for every other whole-number setting
+        if isinstance(model.get(name), float) and model[name].is_integer():
+            model[name] = int(model[name])
+    check_model(model)
     check_together(values)
     return values
 
@@ -469,6 +473,9 @@ def put(values: dict[str, Any], key: str, value: Any) -> None:
         values.pop(last, None)
     else:
         values[last] = value
+
+
+WHOLE_MODEL_SETTINGS = tuple(f.name for f in fields(GPTConfig) if f.type in (int, "int"))
 
 
 def check_model(model: dict[str, Any]) -> None:
