@@ -81,6 +81,28 @@ def test_killed_run_resumes_bit_for_bit(failpoint, reference, small_text, tmp_pa
     assert (run / ".hydra" / "config.yaml").is_file() and list((run / ".hydra").glob("resume-*"))
 
 
+def test_a_finished_run_trained_further_and_killed_at_its_new_end_is_finished_by_resume(small_text, tmp_path):
+    """A finished run given more steps is unfinished again until its new end is recorded: killed after
+    its new last checkpoint, resume= and resume=auto still find it and end it."""
+    runs_root = tmp_path / "outputs"
+    first = run_script("train.py", *args_for(small_text), f"runs_root={runs_root}")
+    assert first.returncode == 0, first.stderr[-2000:]
+    run = only_run(runs_root)
+    further = run_script(
+        "train.py", f"resume={run}", f"trainer.max_steps={STEPS + 4}", failpoint=f"kill_end:{STEPS + 4}"
+    )
+    assert further.returncode == -signal.SIGKILL, further.stderr[-2000:]
+    assert json.loads((run / "result.json").read_text())["finished"] is False
+    same = [a for a in args_for(small_text) if not a.startswith("trainer.max_steps=")]  # the run's own limit
+    ended = run_script("train.py", *same, f"runs_root={runs_root}", "resume=auto")
+    assert ended.returncode == 0, ended.stderr[-2000:]
+    assert "stopped before it ended; ending it now" in ended.stderr + ended.stdout
+    result = json.loads((run / "result.json").read_text())
+    assert result["finished"] is True and result["config"]["trainer"]["max_steps"] == STEPS + 4
+    again = run_script("train.py", f"resume={run}")
+    assert again.returncode != 0 and f"reached trainer.max_steps={STEPS + 4}" in again.stderr
+
+
 def test_resuming_from_an_earlier_checkpoint_sets_the_later_ones_aside(small_text, tmp_path):
     """resume= at an earlier checkpoint starts a new history from there; a later resume= of the run must
     continue that one, not the checkpoints the first history left."""
@@ -123,14 +145,16 @@ def test_ctrl_c_before_training_begins_stops_in_one_line_and_leaves_nothing(smal
         "trainer.max_steps=100000",
         "checkpoint.every_n_steps=1000",
         f"runs_root={runs_root}",
-        "data.num_proc=1",  # tokenized in this process: a Ctrl-C inside the worker pool is not covered here
     ]
     for delay in (0.5, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0):
         env = {**os.environ, "TINYGPT2_CACHE": str(tmp_path / f"cache-{delay}")}  # each start tokenizes anew
         proc = start_script("train.py", *args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        time.sleep(delay)
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=300)
+        try:
+            time.sleep(delay)
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=300)
+        finally:  # a run that missed its Ctrl-C would train on, its 100,000 steps, after the test failed
+            proc.kill()
         assert "Traceback" not in err, (delay, err[-2000:])
         assert proc.returncode in (0, 130, -signal.SIGINT), (delay, err[-2000:])
         if proc.returncode == 130:

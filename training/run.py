@@ -87,6 +87,7 @@ def train(
                     "are moved to %s, and the run goes on from step %d",
                     settings.resume_step, len(moved), moved[0].parent, settings.resume_step,
                 )  # fmt: skip
+            folder.reopen()  # a finished run trained further is unfinished until its new end is recorded
         result = fit(settings, folder, start, extra_callbacks)
         if main_process:
             record(folder, settings, result, list(overrides))

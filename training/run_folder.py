@@ -154,6 +154,14 @@ class RunFolder:
     def is_finished(self) -> bool:
         return bool(self.read_result().get("finished"))
 
+    def reopen(self) -> None:
+        """A finished run that trains further: its result.json says it is not finished (its metrics are
+        still those of the earlier end), so that a stop before the new end, even a kill, leaves a run that
+        resume= continues and resume=auto finds."""
+        result = self.read_result()
+        if result.get("finished"):
+            self.write_result({**result, "finished": False})
+
     def read_result(self) -> dict[str, Any]:
         try:
             return json.loads(self.result_file.read_text())
