@@ -238,7 +238,7 @@ class Launch:
         check_places({k: v for k, v in (o.split("=", 1) for o in self.overrides if "=" in o)})
         with Composer() as composer:
             if self.multirun:
-                return self.sweep(composer) if self.first else self.args
+                return self.sweep(composer) if self.first else self.sweep_of_launch()
             if any(o.lstrip("+").split("=")[0] in SEARCH_GROUPS for o in self.user):
                 raise CommandLineError(
                     "hparams_search is a search over many runs: add -m (python train.py -m hparams_search=optuna ...)"
@@ -331,6 +331,14 @@ class Launch:
         if any(o.lstrip("+").split("=")[0] == "resume" for o in self.user):
             raise CommandLineError("resume= continues one run: run it without -m (python train.py resume=RUN)")
         parsed, hydra_parsed = parse_overrides(self.user), parse_overrides(self.hydra_overrides)
+        for override in hydra_parsed:
+            if override.is_sweep_override():
+                key, values = override.key_or_group, override.input_line.split("=", 1)[1]
+                instead = key.removeprefix("hydra.sweeper.params.")
+                raise CommandLineError(
+                    f"{override.input_line}: Hydra's own settings cannot be swept"
+                    + (f"; give the search range as {instead}={values}" if instead != key else "")
+                )
         fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
         searched = composer.compose(
             fixed + [o.input_line for o in hydra_parsed if not o.is_sweep_override()], with_hydra=True
@@ -348,8 +356,33 @@ class Launch:
         }
         given = {o.key_or_group for o in parsed}
         search = [f"{key}={values}" for key, values in space.items() if key not in given]
-        for combination in sweep_combinations(self.user + search):
+        combinations = sweep_combinations(self.user + search)
+        for combination in combinations:
             check(composer.compose(combination))
+        searching = "optuna" in str(sweeper.get("_target_", "")).lower()
+        for line, key, values in interval_sweeps(self.user + search):
+            if not searching:
+                raise CommandLineError(
+                    f"{line} is a range to search, which only a search samples: add hparams_search=optuna, "
+                    f"or list the values to try ({key}=a,b,c)"
+                )
+            for value in values:
+                try:
+                    check(composer.compose([*combinations[0], f"{key}={value}"]))
+                except (*USER_ERRORS, CommandLineError) as err:
+                    whole = "whole number" in str(err)
+                    raise CommandLineError(
+                        f"{line}: the search would draw values such as {value:g}, refused: {err}"
+                        + ("; search a whole-number setting with range(...) or choice(...)" if whole else "")
+                    ) from None
+        check_storage(sweeper.get("storage"))
+        several = searching or any(o.is_sweep_override() for o in parsed)
+        subdir = self.hydra.get("hydra.sweep.subdir")
+        if several and subdir is not None and "${" not in subdir:
+            raise CommandLineError(
+                f"hydra.sweep.subdir={subdir} names the same folder for every job of the sweep; leave it out "
+                "(each job gets a numbered folder) or make it differ, e.g. 'hydra.sweep.subdir=${hydra.job.num}'"
+            )
         if self.hydra.get("hydra.sweep.dir"):
             folder = Path(self.hydra["hydra.sweep.dir"]).expanduser()
             if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
@@ -360,13 +393,69 @@ class Launch:
             return self.args
         if not self.claim_folders:
             return self.args
+        shared = launcher_folder(SWEEPS_ROOT)  # torchrun, SLURM: every process derives the same folder
+        if shared is not None:  # the launch's other processes may already be starting their jobs in it
+            check_launch_sweep(shared.path)
+            return [*self.args, f"hydra.sweep.dir={shared.path}"]
         return [*self.args, f"hydra.sweep.dir={claim_new_folder(SWEEPS_ROOT).folder.path}"]
+
+    def sweep_of_launch(self) -> list[str]:
+        """-m in a process the first of a launch did not start: torchrun's and SLURM's derive the sweep
+        folder the first chose; Lightning's own launcher hands it over on the command line."""
+        shared = launcher_folder(SWEEPS_ROOT)
+        if shared is None or self.hydra.get("hydra.sweep.dir"):
+            return self.args
+        return [*self.args, f"hydra.sweep.dir={shared.path}"]
 
 
 def parse_overrides(overrides: list[str]):
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    return OverridesParser.create().parse_overrides(overrides)
+    try:
+        return OverridesParser.create().parse_overrides(overrides)
+    except Exception as err:  # Hydra's OverrideParseException, or a value its grammar reads but cannot type
+        raise CommandLineError(
+            f"cannot read the command line ({str(err).splitlines()[0]}); write overrides as key=value, "
+            "and swept values as key=a,b,c"
+        ) from None
+
+
+def interval_sweeps(overrides: list[str]) -> list[tuple[str, str, list[float]]]:
+    """(override, key, values to check) for each interval(...) of a search: its two ends and a value
+    between them that is not a whole number (the search draws such values)."""
+    found = []
+    for override in parse_overrides(overrides):
+        if override.is_sweep_override() and override.is_interval_sweep():
+            interval = override.value()
+            low, high = float(interval.start), float(interval.end)
+            inside = math.sqrt(low * high) if "log" in interval.tags and low > 0 else low + (high - low) * 0.382
+            found.append((override.input_line, override.get_key_element(), [low, high, float(f"{inside:.4g}")]))
+    return found
+
+
+def check_launch_sweep(folder: Path) -> None:
+    """The sweep folder a torchrun or SLURM launch names for itself must not hold an earlier sweep: only
+    what the launch's processes write as they start (Hydra's multirun.yaml, job folders with no run)."""
+    if not folder.exists():
+        return
+    for item in folder.iterdir():
+        if item.name == "multirun.yaml" or (item.is_dir() and item.name.isdigit() and not RunFolder(item).holds_run()):
+            continue
+        raise RunFolderError(
+            f"{folder} already holds a sweep ({item.name}); start the launch with a new rendezvous id, or pass "
+            "hydra.sweep.dir=DIR"
+        )
+
+
+def check_storage(storage) -> None:
+    """An Optuna storage of a SQLite file must be in a folder that exists (other databases are reached at
+    the first trial)."""
+    if isinstance(storage, str) and storage.startswith("sqlite:///"):
+        folder = Path(storage.removeprefix("sqlite:///")).expanduser().parent
+        if not folder.is_dir():
+            raise CommandLineError(
+                f"hydra.sweeper.storage={storage}: the folder {folder} does not exist; make it, or give another path"
+            )
 
 
 def sweep_combinations(overrides: list[str], limit: int = 64) -> list[list[str]]:
@@ -380,8 +469,13 @@ def sweep_combinations(overrides: list[str], limit: int = 64) -> list[list[str]]
         elif override.is_discrete_sweep():
             try:
                 values = list(override.sweep_string_iterator())
-            except Exception:  # glob(...) lists config files only inside Hydra's run
-                continue
+            except Exception as err:
+                if "glob(" in override.input_line:  # glob(...) lists config files only inside Hydra's run
+                    continue
+                raise CommandLineError(
+                    f"cannot read {override.input_line} ({str(err).splitlines()[0]}); list the values to sweep "
+                    "as key=a,b,c, or one range as key=range(start,stop)"
+                ) from None
             swept.append([f"{override.get_key_element()}={value}" for value in values])
     if math.prod(len(values) for values in swept) <= limit:
         return [fixed + list(choice) for choice in itertools.product(*swept)]
@@ -480,6 +574,8 @@ def run_job(cfg: DictConfig) -> float | None:
         if not multirun or isinstance(err, CheckpointSaveError):  # a full disk stops a sweep too
             sys.exit(f"error: {err}")
         log.error("error: %s", err)  # one job of a sweep: recorded, and the sweep goes on
+        if isinstance(err, RunFolderError):  # a folder this job could not have: whatever is there stays
+            return math.inf
         run_dir.mkdir(parents=True, exist_ok=True)
         RunFolder(run_dir).write_result(result_record(RunFolder(run_dir), overrides, requested, {}, False, str(err)))
         return math.inf

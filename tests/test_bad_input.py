@@ -191,6 +191,30 @@ BAD_SETTINGS = [
     (["hparams_search=optuna"], "hparams_search is a search over many runs: add -m"),
     (["-m", "optim.lr=1e-3,0"], "optim.lr must be above 0, got 0"),  # every value of a sweep is checked first
     (["-m", "resume=auto"], "resume= continues one run: run it without -m"),
+    (["-m", "optim.lr=1e-3,,2e-3"], "cannot read the command line (Error parsing override 'optim.lr=1e-3,,2e-3')"),
+    (["-m", "model.n_layer=range(1,3),x"], "cannot read model.n_layer=range(1,3),x"),
+    (
+        ["-m", "optim.lr=interval(0.1,1)"],
+        "optim.lr=interval(0.1,1) is a range to search, which only a search samples: add hparams_search=optuna",
+    ),
+    (
+        ["-m", "hparams_search=optuna", "hydra.sweeper.params.optim.lr=interval(1e-3,2e-3)"],
+        "Hydra's own settings cannot be swept; give the search range as optim.lr=interval(1e-3,2e-3)",
+    ),
+    (
+        ["-m", "hparams_search=optuna", "model.n_layer=interval(2,4)"],
+        "model.n_layer=interval(2,4): the search would draw values such as 2.764, refused: model.n_layer must be a "
+        "whole number",
+    ),
+    (["-m", "hparams_search=optuna", "optim.lr=interval(-1,1)"], "optim.lr must be above 0, got -1"),
+    (
+        ["-m", "hparams_search=optuna", "hydra.sweeper.storage=sqlite:////no/such/folder/s.db"],
+        "hydra.sweeper.storage=sqlite:////no/such/folder/s.db: the folder /no/such/folder does not exist",
+    ),
+    (
+        ["-m", "optim.lr=1e-3,2e-3", "hydra.sweep.subdir=same"],
+        "hydra.sweep.subdir=same names the same folder for every job of the sweep",
+    ),
     (
         ["-m", "hparams_search=optuna", "model.n_head=3"],
         "model.n_embd (64) must be divisible by model.n_head (3)",
@@ -308,6 +332,9 @@ def test_run_folder_of_the_users_own_files(tmp_path):
         ["tokens_per_step=1000"],
         ["trainer.max_step=10"],
         ["data=text", "data.path=no_such_file.txt"],
+        ["-m", "optim.lr=interval(0.1,1)"],
+        ["-m", "optim.lr=1e-3,,2e-3"],
+        ["-m", "hparams_search=optuna", "hydra.sweeper.storage=sqlite:////no/such/folder/s.db"],
     ],
 )
 def test_train_py_refuses_in_one_line_and_makes_nothing(args, small_text, tmp_path):

@@ -23,6 +23,7 @@ from training.run import train as train_run
 from training.run_folder import RunFolder, RunFolderError, claim_new_folder
 
 from .common import (
+    ROOT,
     TINY_OVERRIDES,
     assert_bit_equal,
     compose_config,
@@ -316,6 +317,11 @@ def test_an_optuna_search_records_every_trial_and_the_best(small_text, tmp_path)
     assert optuna["best_value"] == pytest.approx(min(bpcs))  # what main() returned is what Optuna minimised
     trial_lrs = {r["config"]["optim"]["lr"] for r in summary["runs"]}
     assert len(trial_lrs) == 2  # the search varied the learning rate
+    searched = yaml.safe_load((ROOT / "configs" / "hparams_search" / "optuna.yaml").read_text())
+    searched = set(searched["hydra"]["sweeper"]["params"])
+    fixed = {o.split("=")[0] for o in TINY_OVERRIDES}  # given on the command line, they leave the search
+    columns = set(next(csv.reader(open(sweep / "summary.csv"))))
+    assert searched - fixed <= columns and not (searched & fixed) & columns  # each searched setting, varied or not
 
 
 # ---- any Lightning Trainer argument ------------------------------------------------------------------------

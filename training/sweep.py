@@ -19,7 +19,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from .run_folder import RunFolder, write_atomically
+from .run_folder import RunFolder, process_rank, write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -119,8 +119,10 @@ def declared_sweep(sweep_dir: Path) -> list[str]:
         return []
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    swept = [o.key_or_group for o in OverridesParser.create().parse_overrides(task) if o.is_sweep_override()]
-    return [*swept, *(str(key) for key in searched)]
+    parsed = OverridesParser.create().parse_overrides(task)
+    swept = [o.key_or_group for o in parsed if o.is_sweep_override()]
+    fixed = {o.key_or_group for o in parsed if not o.is_sweep_override()}  # given a value, it leaves the search
+    return [*swept, *(str(key) for key in searched if str(key) not in fixed)]
 
 
 def job_order(path: Path) -> tuple[int, str]:
@@ -129,13 +131,25 @@ def job_order(path: Path) -> tuple[int, str]:
 
 class SweepSummary(Callback):
     """Hydra callback: after each job of a multirun, brings the summary at the sweep root up to date
-    (so a sweep stopped part way has one); at the end, logs the table and the best job."""
+    (so a sweep stopped part way has one); at the end, logs the table and the best job. In a launch of
+    several processes (torchrun, SLURM), the first writes and logs it for all."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        """Hydra's record of the sweep, multirun.yaml, which the summary reads to know what is swept: its
+        basic sweeper writes it, the Optuna sweeper does not (written here for both, the same file)."""
+        if process_rank() != 0:
+            return
+        sweep_dir = Path(config.hydra.sweep.dir)
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(config, sweep_dir / "multirun.yaml")
 
     def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
-        if config.hydra.mode == RunMode.MULTIRUN:
+        if config.hydra.mode == RunMode.MULTIRUN and process_rank() == 0:
             summarize(Path(config.hydra.sweep.dir))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        if process_rank() != 0:
+            return
         sweep_dir = Path(config.hydra.sweep.dir)
         summary = summarize(sweep_dir)
         if summary is None:
