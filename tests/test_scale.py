@@ -4,12 +4,22 @@ from __future__ import annotations
 
 import csv
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from .common import TINY_MODEL_OVERRIDES, TINY_OVERRIDES, checkpoint_weights, only_run, run_script
+from .common import (
+    ROOT,
+    TINY_MODEL_OVERRIDES,
+    TINY_OVERRIDES,
+    checkpoint_weights,
+    only_run,
+    run_script,
+    script_environment,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -94,6 +104,30 @@ def test_sweep_as_the_readme_shows_it_puts_every_job_in_one_folder_and_summarise
     best = min(summary["runs"], key=lambda r: r["metrics"]["val/bpc"])
     assert summary["best"]["run"] == Path(best["run_dir"]).name and [row["best"] for row in rows].count("*") == 1
     assert "best: " in proc.stdout + proc.stderr
+
+
+def test_torchrun_as_the_readme_shows_it_one_run_folder_and_one_sweep_folder(small_text, tmp_path):
+    """torchrun --standalone starts the processes: a run goes to outputs/torchrun-<id>, a sweep (-m) to
+    multirun/torchrun-<id>, the same for every process, with its summary written once."""
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    common = [*TINY_OVERRIDES, f"data.path={small_text}", "trainer.strategy=ddp", "trainer.devices=2"]
+    for sweep in ([], ["-m", "optim.lr=1e-3,3e-3"]):
+        proc = subprocess.run(
+            [*torchrun, str(ROOT / "train.py"), *sweep, *common],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=script_environment(None, None),
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    (run,) = (tmp_path / "outputs").glob("torchrun-*")
+    assert (run / "checkpoints" / "last.ckpt").is_file() and json.loads((run / "result.json").read_text())["finished"]
+    (sweep_dir,) = (tmp_path / "multirun").iterdir()  # one folder, not one per process
+    assert sweep_dir.name.startswith("torchrun-")
+    assert sorted(p.name for p in sweep_dir.iterdir() if p.is_dir()) == ["0", "1"]
+    rows = list(csv.DictReader(open(sweep_dir / "summary.csv")))
+    assert [float(row["optim.lr"]) for row in rows] == [1e-3, 3e-3] and all(r["finished"] == "true" for r in rows)
 
 
 def test_compiled_model_saves_plain_weight_names(small_text, tmp_path):
