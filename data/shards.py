@@ -42,6 +42,7 @@ from tokenizers import Tokenizer
 
 from .cache import write_json
 from .corpus import Corpus, Item
+from .errors import DataError
 from .tokenizer import EOT, safe_pieces
 
 log = logging.getLogger(__name__)
@@ -77,7 +78,15 @@ class ShardEncoder:
         with contextlib.ExitStack() as stack:
             files = {split: stack.enter_context(open(temps[split], "wb")) for split in SPLITS}
             for batch in self.batches(self.documents(items)):
-                encodings = self.tokenizer.encode_batch_fast([text for _, text, _ in batch], add_special_tokens=False)
+                try:
+                    encodings = self.tokenizer.encode_batch_fast(
+                        [text for _, text, _ in batch], add_special_tokens=False
+                    )
+                except Exception as err:  # a given tokenizer that cannot take some text (no unknown token, ...)
+                    raise DataError(
+                        f"the tokenizer cannot encode this text ({str(err).splitlines()[0]}); a tokenizer given "
+                        "with tokenizer.path must take any text (a byte-level BPE does, or one with an unknown token)"
+                    ) from None
                 chunks: dict[str, list[np.ndarray]] = {split: [] for split in SPLITS}
                 for (split, text, separator), encoding in zip(batch, encodings, strict=True):
                     if separator:

@@ -133,7 +133,12 @@ def load_pretrained(path: str | os.PathLike | None) -> Tokenizer:
         if (path / "tokenizer.json").is_file():
             tokenizer = read_tokenizer_json(path / "tokenizer.json")
         elif has_gpt2_files(path):
-            tokenizer = read_gpt2_files(path)
+            try:
+                tokenizer = read_gpt2_files(path)
+            except (OSError, ValueError) as err:
+                raise DataError(
+                    f"tokenizer.path {err}; point it at GPT-2's own files, or at a folder with a tokenizer.json"
+                ) from None
         else:
             raise DataError(
                 f"tokenizer.path folder {path} holds no tokenizer.json (nor vocab.json + merges.txt); "

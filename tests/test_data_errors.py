@@ -201,6 +201,29 @@ def test_mixed_formats_in_a_folder(tmp_path):
     assert dm.prepare().meta["train_chars"] == 450
 
 
+def test_pretrained_gpt2_files_that_cannot_be_read(tmp_path, small_text):
+    folder = tmp_path / "gpt2"
+    folder.mkdir()
+    (folder / "vocab.json").write_text('{"a": 0}')
+    (folder / "merges.txt").write_text("#version\nnot a merge line at all\n")
+    cfg = OmegaConf.create({"kind": "pretrained", "path": str(folder)})
+    message = refused_preparation(tmp_path, tokenizer=cfg, path=str(small_text))
+    assert message.startswith(f"tokenizer.path {folder}: vocab.json or merges.txt cannot be read")
+
+
+def test_pretrained_tokenizer_that_cannot_encode_the_text(tmp_path, small_text):
+    """A word-level tokenizer with no unknown token fails on the first word it lacks: one line, and no
+    half-made cache entry (the partial folder goes too)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = Tokenizer(models.WordLevel({"the": 0, "a": 1}))
+    words.pre_tokenizer = pre_tokenizers.Whitespace()
+    words.save(str(tmp_path / "words.json"))
+    cfg = OmegaConf.create({"kind": "pretrained", "path": str(tmp_path / "words.json")})
+    message = refused_preparation(tmp_path, tokenizer=cfg, path=str(small_text))
+    assert message.startswith("the tokenizer cannot encode this text (WordLevel error: Missing [UNK] token")
+
+
 def test_pretrained_tokenizer_that_is_missing(tmp_path, small_text):
     cfg = OmegaConf.create({"kind": "pretrained", "path": str(tmp_path / "nope")})
     message = refused_preparation(tmp_path, cfg, path=str(small_text))
