@@ -14,8 +14,8 @@ from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from model import GPT
-from training.checks import SettingError, check_values
-from training.loggers import flat_settings, wandb_credentials_present, wandb_mode
+from training.checks import SettingError, check_values, wandb_credentials_present, wandb_mode
+from training.loggers import flat_settings
 from training.run import train
 from training.run_folder import RunFolder
 
@@ -239,3 +239,46 @@ def test_wandb_never_prompts(monkeypatch, tmp_path):
     assert wandb_mode("disabled") == "disabled"
     with pytest.raises(ValueError, match="mode"):
         wandb_mode("sometimes")
+
+
+def test_wandb_online_with_no_account_is_refused_before_anything_is_made(monkeypatch, tmp_path):
+    """Online with no login would fail inside wandb.init, after the run folder was made: refused with
+    the settings, in one line that says how to log in or to log offline."""
+    import train
+
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
+    for args in (["logger=wandb", "logger.wandb.mode=online"], ["logger=[csv,wandb]", "logger.wandb.mode=online"]):
+        problem = train.check_command_line(args)
+        assert problem is not None and problem.startswith("wandb logs online only with an account on this machine")
+        assert "wandb login" in problem and "logger.wandb.mode=offline" in problem
+    monkeypatch.setenv("WANDB_MODE", "online")  # the same, asked for by wandb's own setting
+    assert train.check_command_line(["logger=wandb"]).startswith("wandb logs online only")
+    assert train.check_command_line(["logger=wandb", "logger.wandb.mode=offline"]) is None
+    monkeypatch.setenv("WANDB_API_KEY", "k" * 40)
+    assert train.check_command_line(["logger=wandb", "logger.wandb.mode=online"]) is None
+
+
+@pytest.mark.slow
+def test_wandb_that_cannot_reach_its_server_stops_the_run_in_one_line_and_leaves_nothing(small_text, tmp_path):
+    import os
+
+    from .common import run_script
+
+    env = {
+        **os.environ,
+        "WANDB_API_KEY": "k" * 40,  # an account, as far as this machine knows
+        "WANDB_BASE_URL": "http://127.0.0.1:9",  # a server that is not there
+        "WANDB_INIT_TIMEOUT": "10",
+    }
+    env.pop("WANDB_MODE", None)
+    proc = run_script(
+        "train.py", *TINY_OVERRIDES, f"data.path={small_text}", "logger=wandb", cwd=tmp_path, env=env, timeout=300
+    )
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and errors[0].startswith("error: wandb could not start the run's log"), proc.stderr[-2000:]
+    assert "logger.wandb.mode=offline" in errors[0]
+    assert not (tmp_path / "outputs").exists()  # the new run is taken back: nothing was trained

@@ -10,6 +10,8 @@ import functools
 import inspect
 import logging
 import math
+import netrc
+import os
 import tempfile
 import types
 import typing
@@ -17,6 +19,7 @@ from dataclasses import dataclass, fields
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 from data.tokenizer import bpe_vocab_size_problem
 from model import GPTConfig
@@ -485,9 +488,41 @@ def check_model(model: dict[str, Any]) -> None:
     GPTConfig.from_dict(model)
 
 
+WANDB_MODES = ("auto", "online", "offline", "disabled")
+
+
+def wandb_credentials_present() -> bool:
+    """True when wandb could log in without asking: an API key in the environment or in ~/.netrc."""
+    if os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_IDENTITY_TOKEN_FILE"):
+        return True
+    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname or "api.wandb.ai"
+    netrc_file = os.environ.get("NETRC") or os.path.expanduser("~/.netrc")
+    try:
+        return netrc.netrc(netrc_file).authenticators(host) is not None
+    except (FileNotFoundError, netrc.NetrcParseError, OSError):
+        return False
+
+
+def wandb_mode(requested: str) -> str:
+    """`auto`: WANDB_MODE if the user set it, else online with credentials, else offline; never a prompt."""
+    if requested not in WANDB_MODES:
+        raise ValueError(f"logger.wandb.mode must be one of {WANDB_MODES}, got {requested!r}")
+    if requested != "auto":
+        return requested
+    if os.environ.get("WANDB_MODE") in ("online", "offline", "disabled"):
+        return os.environ["WANDB_MODE"]
+    return "online" if wandb_credentials_present() else "offline"
+
+
 def check_together(values: dict[str, Any]) -> None:
     """Settings that are each fine but cannot work, or would silently train wrongly, together."""
     trainer, optim = values.get("trainer") or {}, values.get("optim") or {}
+    wandb = (values.get("logger") or {}).get("wandb")
+    if wandb and wandb_mode(wandb["mode"]) == "online" and not wandb_credentials_present():
+        raise SettingError(
+            "wandb logs online only with an account on this machine: run `wandb login` (or set WANDB_API_KEY), "
+            "or log offline with logger.wandb.mode=offline and upload later with `wandb sync`"
+        )
     max_steps = trainer.get("max_steps")
     if max_steps == -1 and not trainer.get("max_time"):
         raise SettingError("trainer.max_steps=-1 needs a time limit: set trainer.max_time=00:00:05:00 (dd:hh:mm:ss)")

@@ -16,6 +16,10 @@ class CheckpointSaveError(RuntimeError):
     """A checkpoint could not be written; the message says what is intact and what to do."""
 
 
+class TrackerError(RuntimeError):
+    """A tracker (wandb) could not start the run's log; nothing was trained."""
+
+
 class TrainingDiverged(RuntimeError):
     """Training cannot go on: too many non-finite losses in a row, or weights no longer finite."""
 
@@ -27,5 +31,6 @@ USER_ERRORS = (
     SettingError,
     RunFolderError,
     CheckpointSaveError,
+    TrackerError,
     TrainingDiverged,
 )

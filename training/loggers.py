@@ -4,44 +4,18 @@ from __future__ import annotations
 
 import csv
 import json
-import netrc
 import os
 import secrets
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.loggers.logger import rank_zero_experiment
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
+from .checks import wandb_mode
 from .run_folder import RunFolder
-
-WANDB_MODES = ("auto", "online", "offline", "disabled")
-
-
-def wandb_credentials_present() -> bool:
-    """True when wandb could log in without asking: an API key in the environment or in ~/.netrc."""
-    if os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_IDENTITY_TOKEN_FILE"):
-        return True
-    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname or "api.wandb.ai"
-    netrc_file = os.environ.get("NETRC") or os.path.expanduser("~/.netrc")
-    try:
-        return netrc.netrc(netrc_file).authenticators(host) is not None
-    except (FileNotFoundError, netrc.NetrcParseError, OSError):
-        return False
-
-
-def wandb_mode(requested: str) -> str:
-    """`auto`: WANDB_MODE if the user set it, else online with credentials, else offline; never a prompt."""
-    if requested not in WANDB_MODES:
-        raise ValueError(f"logger.wandb.mode must be one of {WANDB_MODES}, got {requested!r}")
-    if requested != "auto":
-        return requested
-    if os.environ.get("WANDB_MODE") in ("online", "offline", "disabled"):
-        return os.environ["WANDB_MODE"]
-    return "online" if wandb_credentials_present() else "offline"
 
 
 def wandb_run_id(folder: RunFolder) -> str:

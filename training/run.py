@@ -21,7 +21,7 @@ from data.datamodule import TextDataModule, batches_for, tokens_per_char
 
 from .callbacks import LossCurve, ProgressBar, TextSamples, Throughput, ValidateAtEnd
 from .checkpointing import AtomicCheckpointIO, GracefulStop, PeriodicCheckpoints
-from .errors import USER_ERRORS
+from .errors import USER_ERRORS, TrackerError
 from .init_from import Start
 from .loggers import build_loggers, finish_loggers
 from .module import GPTModule
@@ -92,6 +92,10 @@ def train(
         if main_process:
             record(folder, settings, result, list(overrides))
         return result
+    except TrackerError:
+        if taken is not None and checkpoint is None:
+            taken.take_back()  # it stopped before training: a new run leaves nothing behind
+        raise
     except (KeyboardInterrupt, SystemExit) as stop:
         # Ctrl-C outside the training loop (start-up, data preparation; twice in the loop), which Lightning
         # turns into exit(1) inside fit: a new run with no checkpoint yet has nothing to continue and is
@@ -150,8 +154,7 @@ def fit(
         torch.set_float32_matmul_precision("high")
     module = build_module(settings, start)
     loggers = build_loggers(settings.values.get("logger") or {}, folder, settings.resume_step)
-    for logger in loggers:
-        logger.log_hyperparams(settings.saved())
+    start_loggers(loggers, settings.saved())
     graceful, best = build_checkpointing(settings, folder)
     trainer = L.Trainer(
         **settings.trainer_arguments(),
@@ -187,6 +190,21 @@ def fit(
         prompt=sample_prompts(settings.values)[0],
         fallback=settings.tokens.fallback,
     )
+
+
+def start_loggers(loggers: list, saved: dict) -> None:
+    """Each tracker records the run's settings, which starts its log (wandb.init for wandb): a tracker
+    that cannot start (online, with no network) stops the run before it trains, in one line."""
+    for logger in loggers:
+        try:
+            logger.log_hyperparams(saved)
+        except Exception as err:
+            if type(err).__module__.split(".")[0] != "wandb":
+                raise
+            raise TrackerError(
+                f"wandb could not start the run's log ({str(err).splitlines()[0][:300]}); check the network and "
+                "your wandb login, or log offline with logger.wandb.mode=offline (upload later with `wandb sync`)"
+            ) from None
 
 
 def build_module(settings: RunSettings, start: Start | None) -> GPTModule:
