@@ -546,6 +546,30 @@ def main(cfg: DictConfig) -> float | None:
         stopped_by_ctrl_c(run_dir, run_dir / hydra_cfg.output_subdir if resuming else None)
 
 
+def without_trailing_newline(record: logging.LogRecord) -> bool:
+    record.msg = str(record.msg).rstrip("\n")  # a formatted warning ends in one
+    return True
+
+
+def log_libraries_to_file() -> None:
+    """The run's train.log (Hydra's file handler) gets what Lightning logs through handlers of its own,
+    and Python's warnings, besides the console, which shows them as before."""
+    files = [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
+    if not logging.getLogger("py.warnings").handlers:
+        console = logging.StreamHandler(sys.stderr)
+        console.setFormatter(logging.Formatter("%(message)s"))
+        logging.getLogger("py.warnings").addHandler(console)
+        logging.getLogger("py.warnings").addFilter(without_trailing_newline)
+        logging.getLogger("py.warnings").propagate = False
+    for name in ("lightning.pytorch", "lightning.fabric", "py.warnings"):
+        library = logging.getLogger(name)
+        for handler in [h for h in library.handlers if isinstance(h, logging.FileHandler)]:
+            library.removeHandler(handler)  # the previous job's, in a sweep
+        for handler in files:
+            library.addHandler(handler)
+    logging.captureWarnings(True)
+
+
 def run_job(cfg: DictConfig) -> float | None:
     """main's work: train the run Hydra composed, and say how it ended."""
     from training.run import describe_metrics, train  # Lightning: loaded once the command line is known to be good
@@ -553,6 +577,7 @@ def run_job(cfg: DictConfig) -> float | None:
     if not gc.isenabled():  # the first job of the process: start-up is over (see gc.disable above)
         gc.freeze()
         gc.enable()
+    log_libraries_to_file()
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
     overrides = list(hydra_cfg.overrides.task)

@@ -65,6 +65,8 @@ def test_ddp_on_two_processes_matches_one_process_with_the_same_global_batch(sma
     # one run folder, one set of logs, from both processes
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ddp", "single"]
     assert [p.name for p in ddp.glob("*.log")] == ["train.log"]
+    log = (ddp / "train.log").read_text()  # Lightning's own lines too, as on the console
+    assert "GPU available: " in log and "`Trainer.fit` stopped: `max_steps=6` reached." in log
     assert len(list(csv.DictReader(open(ddp / "metrics.csv")))) > 0
 
 
@@ -104,6 +106,8 @@ def test_sweep_as_the_readme_shows_it_puts_every_job_in_one_folder_and_summarise
     best = min(summary["runs"], key=lambda r: r["metrics"]["val/bpc"])
     assert summary["best"]["run"] == Path(best["run_dir"]).name and [row["best"] for row in rows].count("*") == 1
     assert "best: " in proc.stdout + proc.stderr
+    for job in ("0", "1"):  # each job's log has its own Lightning lines, and only its own
+        assert (sweep / job / "train.log").read_text().count("`Trainer.fit` stopped") == 1
 
 
 def test_torchrun_as_the_readme_shows_it_one_run_folder_and_one_sweep_folder(small_text, tmp_path):
