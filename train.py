@@ -52,6 +52,7 @@ from training.run_folder import (
     launcher_restarted,
     process_rank,
     resumable_runs,
+    script,
     take_back_claims,
 )
 from training.settings import check, continue_settings, differing_leaves, expand, matches, named_leaves
@@ -627,7 +628,7 @@ def run_job(cfg: DictConfig) -> float | None:
             result.fallback,
         )
     prompt = f" --prompt {quoted(result.prompt)}" if result.prompt else ""
-    log.info("sample from it: python generate.py --ckpt %s%s", shlex.quote(str(result.run_dir)), prompt)
+    log.info("sample from it: python %s --ckpt %s%s", script("generate.py"), shlex.quote(str(result.run_dir)), prompt)
     return result.metrics.get("val/bpc")
 
 

@@ -94,7 +94,7 @@ def run_until_drawn(args: list[str], cwd: Path, log: Path, ready) -> str:
 
 def resume_command(log: str) -> list[str]:
     """The arguments of the command a stopped run printed to continue it."""
-    (command,) = re.findall(r"Continue with: (python train\.py resume=\S+)", log)
+    (command,) = re.findall(r"Continue with: (python \S*train\.py resume=\S+)", log)
     return shlex.split(command)[2:]
 
 

@@ -11,6 +11,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -30,12 +31,28 @@ from .common import (
     one_error_line,
     run_script,
     runs_under,
+    script_environment,
     snapshot,
     start_script,
     train_losses,
 )
 
 pytestmark = pytest.mark.slow
+
+
+def run_printed(command: str, cwd: Path) -> subprocess.CompletedProcess:
+    """A command a script printed, run verbatim from cwd ("python" being this interpreter)."""
+    words = shlex.split(command)
+    assert words[0] == "python"
+    return subprocess.run(
+        [sys.executable, *words[1:]],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=script_environment(None, None),
+    )
+
 
 # A run of a real (tiny) size: model, optimizer, length and logger all differ from the defaults.
 STEPS = 12
@@ -102,11 +119,19 @@ def test_the_printed_resume_command_continues_the_run_bit_for_bit(small_text, tm
     (run,) = runs_under(tmp_path / "outputs")
     settings_before, tokenizer_before = (run / "config.yaml").read_bytes(), (run / "tokenizer.json").read_bytes()
     printed = [line.split("Continue with: ", 1)[1] for line in (out + err).splitlines() if "Continue with: " in line]
-    assert len(printed) == 1 and printed[0] == f"python train.py resume={run}"
+    # started from a folder of the user's (python /path/to/train.py), so the command names it by its path
+    assert len(printed) == 1 and printed[0] == f"python {ROOT / 'train.py'} resume={run}"
 
-    command = shlex.split(printed[0])  # run as printed, from the same folder, with nothing else given
-    resumed = run_script(*command[1:], cwd=tmp_path)
+    resumed = run_printed(printed[0], tmp_path)  # as printed, from the same folder, with nothing else given
     assert resumed.returncode == 0, resumed.stderr[-2000:]
+    [sample] = [
+        line.split("sample from it: ", 1)[1]
+        for line in (resumed.stdout + resumed.stderr).splitlines()
+        if "sample from it: " in line
+    ]
+    assert sample.startswith(f"python {ROOT / 'generate.py'} --ckpt {run}")
+    sampled = run_printed(sample + " --max-new-tokens 8", tmp_path)
+    assert sampled.returncode == 0 and sampled.stdout.strip(), sampled.stderr[-2000:]
     assert runs_under(tmp_path / "outputs") == [run]  # continued in place
     (done,) = runs_under(tmp_path / "reference")
     assert_bit_equal(run / "checkpoints" / "last.ckpt", done / "checkpoints" / "last.ckpt")
@@ -286,8 +311,8 @@ def test_a_sweep_stopped_by_ctrl_c_and_its_job_continued_as_printed(small_text, 
     assert [(r["run"], r["optim.lr"], r["finished"], r["best"]) for r in rows] == [("0", "0.001", "false", "")]
 
     printed = [line.split("Continue with: ", 1)[1] for line in (out + err).splitlines() if "Continue with: " in line]
-    assert printed == [f"python train.py resume={sweep / '0'}"]
-    resumed = run_script(*shlex.split(printed[0])[1:], cwd=tmp_path)
+    assert printed == [f"python {ROOT / 'train.py'} resume={sweep / '0'}"]
+    resumed = run_printed(printed[0], tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     rows = list(csv.DictReader(open(sweep / "summary.csv")))  # brought up to date by the continued job
     assert [(r["run"], r["optim.lr"], r["finished"], r["best"]) for r in rows] == [("0", "0.001", "true", "*")]

@@ -111,7 +111,7 @@ class RunFolder:
 
     def continue_command(self) -> str:
         """The command that continues this run, quoted so that it can be pasted as it is printed."""
-        return f"python train.py {shlex.quote(f'resume={self.path}')}"
+        return f"python {script('train.py')} {shlex.quote(f'resume={self.path}')}"
 
     def other_files(self) -> list[str]:
         """Names in the folder beyond what a run holds as it starts."""
@@ -390,6 +390,15 @@ def folder_of(path: str | os.PathLike) -> RunFolder:
             f"resume={path}: a checkpoint outside a run folder cannot be resumed; use init_from={path}"
         )
     raise RunFolderError(f"resume={path} does not exist; give a run folder, a checkpoint in one, or resume=auto")
+
+
+PROJECT = Path(__file__).resolve().parents[1]  # the checkout: train.py, generate.py, ...
+
+
+def script(name: str) -> str:
+    """One of the project's scripts as a command to paste here names it: by its name in the project's
+    own folder, else by its full path (a run started from elsewhere, as python /path/to/train.py)."""
+    return name if Path.cwd().resolve() == PROJECT else shlex.quote(str(PROJECT / name))
 
 
 def launcher_run_name(environ=os.environ) -> str | None:
