@@ -70,7 +70,8 @@ class Part:
         if value is None or isinstance(value, str):
             return bool(value)
         raise DataError(
-            f"data.text_column={self.column!r} of {self.where} holds {type(value).__name__} values, not text"
+            f"data.text_column={self.column!r} of {self.where} holds {type(value).__name__} values, not text; "
+            "set data.text_column to the column that holds the text"
         )
 
     def check_column(self, names: list[str]) -> None:

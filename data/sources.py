@@ -146,12 +146,33 @@ def explain_file_error(err: Exception, files: list[str], fmt: str, where: str) -
     about_utf8 = any(isinstance(e, UnicodeDecodeError) or "utf8" in str(e).lower().replace("-", "") for e in chain)
     if about_utf8 and (bad := find_not_utf8(files)) is not None:
         return bad
+    if fmt == "json" and (bad := find_bad_json_line(files)) is not None:
+        return bad
     # the reader's own failure names the row (pyarrow: "... in row 2000"); a fallback reader's, tried
     # after it, is innermost and names a position that means nothing to the user
     named = next((e for e in chain if re.search(r"\bin row \d+", str(e))), chain[-1])
     lines = str(named).strip().splitlines()
     reason = lines[0].rstrip(".") if lines else type(named).__name__
     return DataError(f"{where} cannot be read as {fmt}: {reason}; check the file or set data.format")
+
+
+def find_bad_json_line(files: list[str]) -> DataError | None:
+    """The first line of JSON Lines files that is not a JSON value, named by file and line (counted
+    from 1, as an editor does); None when every line reads (a file that is one JSON document)."""
+    import json
+
+    for file in files:
+        with open(file, encoding="utf-8", errors="replace") as lines:
+            for number, line in enumerate(lines, 1):
+                if not line.strip():
+                    continue
+                try:
+                    json.loads(line)
+                except ValueError as err:
+                    if number == 1:
+                        break  # perhaps one JSON document over many lines: the reader's own words tell
+                    return DataError(f"{file}, line {number}, is not JSON ({err}); fix that line, or remove it")
+    return None
 
 
 # ---- Hugging Face Hub ----------------------------------------------------------------------------------
@@ -167,6 +188,11 @@ def hub_source(cfg) -> Source:
     settings = {key: cfg.get(key) for key in keys}
     identity = {"kind": "hub", **settings, "val_fraction": cfg.val_fraction}
     folder = Path(str(name)).expanduser()
+    looks_local = str(name).startswith((".", "/", "~")) or str(name).count("/") > 1  # a Hub name is owner/name
+    if looks_local and not folder.is_dir():
+        raise DataError(
+            f"data.name={name}: no such folder; give the folder of a local dataset, or a Hub dataset as owner/name"
+        )
     if folder.is_dir():  # a local copy: its files say whether it changed
         files = (
             p

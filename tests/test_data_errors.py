@@ -108,11 +108,12 @@ def test_a_text_column_that_does_not_exist_lists_the_ones_that_do(tmp_path, fmt)
     )
 
 
-def test_a_jsonl_file_with_one_bad_row_is_named_by_its_row_once(tmp_path, capfd, caplog):
+def test_a_jsonl_file_with_one_bad_row_is_named_by_its_line_once(tmp_path, capfd, caplog):
     path = tmp_path / "notes.jsonl"
-    path.write_text("".join(f'{{"text": "line {i}"}}\n' for i in range(2000)) + "{not json\n")
+    path.write_text("".join(f'{{"text": "line {i}"}}\n' for i in range(2000)) + "\n{not json\n")
     message = refused_preparation(tmp_path, path=str(path))
-    assert message.startswith(f"{path} cannot be read as json: ") and "in row 2000" in message
+    assert message.startswith(f"{path}, line 2002, is not JSON (")  # as an editor counts, the blank line too
+    assert message.endswith("fix that line, or remove it")
     _, err = capfd.readouterr()
     assert "Failed to load JSON" not in err + caplog.text  # said once, by the error, not logged before it
 
@@ -120,7 +121,7 @@ def test_a_jsonl_file_with_one_bad_row_is_named_by_its_row_once(tmp_path, capfd,
 def test_a_file_that_is_not_what_its_extension_says(tmp_path):
     path = tmp_path / "broken.jsonl"
     path.write_text('{"text": "fine"}\n{"text": not json\n')
-    assert refused_preparation(tmp_path, path=str(path)).startswith(f"{path} cannot be read as json: ")
+    assert refused_preparation(tmp_path, path=str(path)).startswith(f"{path}, line 2, is not JSON (")
     fake = tmp_path / "fake.parquet"
     fake.write_text("plain text, not parquet")
     assert refused_preparation(tmp_path, path=str(fake)).startswith(
@@ -132,7 +133,9 @@ def test_a_text_column_of_numbers(tmp_path):
     path = tmp_path / "numbers.jsonl"
     datasets.Dataset.from_dict({"text": list(range(100))}).to_json(path, lines=True)
     assert (
-        refused_preparation(tmp_path, path=str(path)) == f"data.text_column='text' of {path} holds int values, not text"
+        refused_preparation(tmp_path, path=str(path))
+        == f"data.text_column='text' of {path} holds int values, not text; set data.text_column to the column that "
+        "holds the text"
     )
 
 
@@ -178,6 +181,16 @@ def test_hub_dataset_with_no_hub_to_reach_is_refused_at_once_in_one_line(tmp_pat
         "error: data.name=roneneldan/TinyStories: the Hugging Face Hub cannot be reached (offline?)"
     )
     assert "Retry" not in proc.stderr + proc.stdout
+
+
+@pytest.mark.parametrize("name", ["./tiny_stories", "~/no/such/dataset", "/no/such/folder"])
+def test_hub_local_folder_that_does_not_exist(name, tmp_path):
+    """A local dataset folder given by its path, missing: said so, not taken for a Hub name offline."""
+    message = refused_preparation(tmp_path, source="hub", name=name, split="train", val_split="auto")
+    assert (
+        message
+        == f"data.name={name}: no such folder; give the folder of a local dataset, or a Hub dataset as owner/name"
+    )
 
 
 def test_hub_split_that_does_not_exist(tmp_path):
