@@ -59,6 +59,8 @@ def test_ddp_on_two_processes_matches_one_process_with_the_same_global_batch(sma
     single, ddp = only_run(tmp_path / "single"), only_run(tmp_path / "ddp")
 
     assert final(ddp)["val/loss"] == pytest.approx(final(single)["val/loss"], rel=1e-5)
+    # the step's training loss too: over both micro-batches on one process, over both processes here
+    assert final(ddp)["train/loss"] == pytest.approx(final(single)["train/loss"], rel=1e-5)
     for key, value in weights(single).items():
         # float rounding of the all-reduce against accumulation, after 6 AdamW steps: ~1e-6 near zero
         torch.testing.assert_close(weights(ddp)[key], value, rtol=1e-5, atol=1e-5)

@@ -78,6 +78,7 @@ class GPTModule(L.LightningModule):
         self.parameters_list: list[torch.nn.Parameter] | None = None
         self.sharded = False  # whether configure_model sharded the model (trainer.strategy=fsdp)
         self.train_values: dict[str, Any] = {}  # this step's values for the loggers (see log_train)
+        self.step_losses: list[torch.Tensor] = []  # the losses of a logged step's micro-batches
         self.latest_train_values: dict[str, float] = {}  # the last ones sent: the progress bar's, the result's
         self.logged_step = -1
         self.max_steps = max_steps
@@ -109,7 +110,7 @@ class GPTModule(L.LightningModule):
         if failpoints.active("nan", self.trainer.global_step + 1):
             loss = loss * float("nan")
         if logging_step(self.trainer):
-            self.log_train("train/loss", loss.detach())
+            self.step_losses.append(loss.detach())  # each micro-batch's: the step's loss is their mean
         return loss
 
     def log_train(self, name: str, value: float | torch.Tensor) -> None:
@@ -129,12 +130,16 @@ class GPTModule(L.LightningModule):
             with torch.no_grad():
                 (weight.to_local() if self.sharded else weight)[0, 0] = float("nan")  # sharded: each its first row
         if (
-            not self.train_values
+            not (self.train_values or self.step_losses)
             or not logging_step(trainer, step_done=True)
             or trainer.global_step == self.logged_step
         ):
             return  # (with gradient accumulation, the other micro-batches of a logged step)
         self.logged_step = trainer.global_step
+        if self.step_losses:  # the step's loss over all its tokens: every micro-batch's, every process's
+            loss = torch.stack(self.step_losses).mean()
+            self.step_losses.clear()
+            self.train_values["train/loss"] = trainer.strategy.reduce(loss, reduce_op="mean")
         values = {name: float(value) for name, value in self.train_values.items()}
         self.train_values.clear()
         self.latest_train_values.update(values)
