@@ -382,6 +382,7 @@ COVERED_ELSEWHERE = {
     "a checkpoint carrying pickled code": "test_hf.py (malicious checkpoint)",
     "a truncated or corrupted checkpoint (`resume=`)": "test_reliability.py::test_resuming_from_a_truncated_checkpoint_says_so",
     "`init_from=` with a contradicting shape (`model.n_layer=6`)": "test_init_from.py",
+    "a tokenizer setting with `init_from=` (`tokenizer=char`)": "test_init_from.py::test_train_py_refuses_a_tokenizer_override_with_init_from_in_one_line",
     "a setting that contradicts the run being resumed (`resume=RUN model.n_layer=4`)": "test_run_lifecycle.py::test_a_contradicting_setting_beside_resume_is_refused",
     "a run that another process is training": "test_run_lifecycle.py::test_a_second_process_on_a_running_run_is_refused",
 }

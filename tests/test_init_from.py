@@ -9,7 +9,7 @@ from tokenizers import Tokenizer
 
 from generation.checkpoint import load_checkpoint
 from model import ConfigError
-from training.init_from import model_keys_in, start_from
+from training.init_from import kept_tokenizer, model_keys_in, start_from
 from training.run import train
 
 from .common import TINY_OVERRIDES, compose_config, run_script
@@ -38,6 +38,7 @@ def test_fine_tuning_from_a_folder_saved_by_transformers(transformers_folder, ti
     assert tuned.model.config == tiny_gpt.config  # the folder's shape, not the nano preset
     assert same_tokenizer(tuned.tokenizer_json, (transformers_folder / "tokenizer.json").read_text())
     assert tuned.config["init_from"] == str(transformers_folder)
+    assert tuned.config["tokenizer"] == {"kind": "pretrained", "path": str(transformers_folder)}  # what it used
     start, end = tiny_gpt.transformer.wte.weight, tuned.model.transformer.wte.weight
     assert not torch.equal(start, end) and (start - end).abs().max() < 0.05  # trained, from those weights
 
@@ -105,3 +106,32 @@ def test_a_fine_tune_whose_context_differs_from_the_preset_resolves_its_batch_wi
     saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
     assert saved["model"]["block_size"] == 64 and saved["tokens_per_step"] == 8 * 64
     assert train_py.check_command_line([f"resume={tmp_path / 'run'}", "trainer.max_steps=8"]) is None
+
+
+def test_tokenizer_settings_that_contradict_the_checkpoint_are_refused(tiny_run, tmp_path):
+    """The run keeps the tokenizer its weights learned with: a tokenizer setting that would build another
+    is refused rather than recorded and ignored; tokenizer=pretrained with that same vocabulary is kept."""
+    start = started_from(f"init_from={tiny_run}")
+    bpe = {"kind": "bpe", "vocab_size": 1024, "max_train_chars": 10_000_000}
+    assert kept_tokenizer(bpe, start, []) == {"kind": "pretrained", "path": str(start.source)}
+    with pytest.raises(ConfigError, match=r"^tokenizer.vocab_size=512 cannot apply with init_from=.*\(300 tokens\)"):
+        kept_tokenizer({**bpe, "vocab_size": 512}, start, ["tokenizer.vocab_size=512"])
+    with pytest.raises(ConfigError, match=r"^tokenizer=char cannot apply"):
+        kept_tokenizer({"kind": "char"}, start, ["tokenizer=char"])
+    same = tmp_path / "same.json"
+    same.write_text(start.tokenizer.to_str())
+    pretrained = {"kind": "pretrained", "path": str(same)}
+    assert kept_tokenizer(pretrained, start, ["tokenizer.kind", "tokenizer.path"]) == pretrained
+    other = tmp_path / "other.json"
+    other.write_text(Tokenizer.from_str(start.tokenizer.to_str()).to_str().replace('"<|endoftext|>"', '"<|end|>"'))
+    with pytest.raises(ConfigError, match=r"tokenizer.path=.*other.json holds another vocabulary"):
+        kept_tokenizer({"kind": "pretrained", "path": str(other)}, start, ["tokenizer.path"])
+
+
+@pytest.mark.slow
+def test_train_py_refuses_a_tokenizer_override_with_init_from_in_one_line(tiny_run, small_text, tmp_path):
+    proc = run_script("train.py", *RUN, f"data.path={small_text}", f"init_from={tiny_run}", "tokenizer=char")
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: tokenizer.kind=char cannot apply with init_from=") and "leave the tokenizer" in last
+    assert not (tmp_path / "outputs").exists() or not any((tmp_path / "outputs").rglob("config.yaml"))

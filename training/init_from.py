@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer
 
+from data.tokenizer import load_pretrained
 from generation.checkpoint import CheckpointError, read_tokenizer, read_weights
 from model import ConfigError, GPTConfig
 
@@ -81,3 +82,29 @@ def start_from(cfg, asked: set[str]) -> Start | None:
     if config.block_size < weights.config.block_size:  # a shorter context needs fewer positions
         state["transformer.wpe.weight"] = state["transformer.wpe.weight"][: config.block_size].clone()
     return Start(config, state, read_tokenizer(weights), weights.path)
+
+
+def kept_tokenizer(requested: dict, start: Start, named: Iterable[str]) -> dict:
+    """The tokenizer settings a run from init_from records: those of the tokenizer its weights learned
+    with, which it keeps. Tokenizer settings the command line (or a recipe it chooses) names are refused,
+    unless they name that same tokenizer (tokenizer=pretrained with files of the same vocabulary)."""
+    keys = {item.split("=", 1)[0].lstrip("+~") for item in named}
+    asked = sorted(key for key in keys if key == "tokenizer" or key.startswith("tokenizer."))
+    if not asked:
+        return {"kind": "pretrained", "path": str(start.source)}
+    have = start.tokenizer.get_vocab(with_added_tokens=True)
+    if requested.get("kind") == "pretrained":
+        given = load_pretrained(requested.get("path")).get_vocab(with_added_tokens=True)
+        if given == have:
+            return requested
+        raise ConfigError(
+            f"tokenizer.path={requested['path']} holds another vocabulary ({len(given):,} tokens) than the one "
+            f"init_from={start.source} learned with ({len(have):,} tokens), which the run keeps; leave the "
+            "tokenizer settings out"
+        )
+    key = "tokenizer.kind" if "tokenizer.kind" in asked else asked[0]
+    value = requested.get(key.split(".", 1)[1]) if "." in key else requested.get("kind")
+    raise ConfigError(
+        f"{key}={value} cannot apply with init_from={start.source}: the run keeps the tokenizer its weights "
+        f"learned with ({len(have):,} tokens); leave the tokenizer settings out"
+    )

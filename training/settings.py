@@ -41,7 +41,7 @@ from .checks import (
     shown,
     time_budget_seconds,
 )
-from .init_from import Start, model_keys_in, start_from
+from .init_from import Start, kept_tokenizer, model_keys_in, start_from
 from .run_folder import SETTINGS_MARK as PREPARED
 from .run_folder import RunFolder, process_rank
 
@@ -314,6 +314,7 @@ def resolve(requested: dict[str, Any], named: Iterable[str] = ()) -> tuple[RunSe
     start = start_from(OmegaConf.create(values), model_keys_in(named, values["model"]))
     if start:
         values["model"] = start.config.to_dict()  # its shape is the run's shape
+        values["tokenizer"] = kept_tokenizer(values["tokenizer"], start, named)  # and its tokenizer the run's
     tokens = prepare(values, given=start.tokenizer if start else None)
     try:
         model = final_model(values["model"], tokens.meta["vocab_size"])
@@ -533,13 +534,15 @@ def check_continuation(values: dict[str, Any], step: int, finished: bool = True)
 
 def matches(requested: dict[str, Any], saved: dict[str, Any], named: Iterable[str]) -> bool:
     """Whether a run's saved settings are those this command line asks for (for resume=auto): every
-    setting but those a resume may change; a run from init_from takes its unnamed model settings from there."""
+    setting but those a resume may change; a run from init_from takes its unnamed model and tokenizer
+    settings from there."""
     named = set(named)
     saved = {k: v for k, v in saved.items() if k not in (PREPARED, MACHINE_CHOSEN)}
     for key in differing_leaves(requested, saved):
         if key.split(".")[0] in LAUNCH_KEYS or changeable(key):
             continue
-        if key.startswith("model.") and key not in named and saved.get("init_from") and requested.get("init_from"):
+        from_weights = key.startswith(("model.", "tokenizer.")) and key not in named
+        if from_weights and saved.get("init_from") and requested.get("init_from"):
             continue
         if differs(key, lookup(requested, key), lookup(saved, key)):
             return False
