@@ -123,9 +123,19 @@ def resolve_checkpoint(path: str | Path) -> Path:
     raise CheckpointError(f"checkpoint {path} does not exist; pass a .ckpt file, a run folder or a Hugging Face folder")
 
 
+SAVED_BY_TORCH = (b"PK\x03\x04", b"\x80")  # how torch.save's files start: a zip archive, or (older) a pickle
+CHECKPOINT_SUFFIXES = (".ckpt", ".pt", ".pth", ".bin")
+
+
 def safe_torch_load(path: Path, map_location="cpu", mmap: bool = False) -> Any:
     """torch.load that only rebuilds tensors and plain containers; anything else is refused. `mmap`:
-    tensors stay on disk until read (for reading a checkpoint's header)."""
+    tensors stay on disk until read (for reading a checkpoint's header). A file that neither is named
+    as a checkpoint nor starts as torch.save's files do (a text, a config) is said not to be one,
+    rather than damaged."""
+    if path.suffix.lower() not in CHECKPOINT_SUFFIXES and not starts_like_torch_file(path):
+        raise CheckpointError(
+            f"{path} is not a checkpoint; pass a .ckpt file that train.py wrote, a run folder or a Hugging Face folder"
+        )
     try:
         return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as err:
@@ -140,6 +150,15 @@ def safe_torch_load(path: Path, map_location="cpu", mmap: bool = False) -> Any:
         raise DamagedCheckpoint(
             path, first_line(err).split(". ")[0] if isinstance(err, (RuntimeError, OSError)) else ""
         ) from None
+
+
+def starts_like_torch_file(path: Path) -> bool:
+    try:
+        with open(path, "rb") as file:
+            head = file.read(4)
+    except OSError:
+        return True  # torch.load says what is wrong with it
+    return head.startswith(SAVED_BY_TORCH)
 
 
 def read_checkpoint(path: str | Path, map_location="cpu") -> dict[str, Any]:

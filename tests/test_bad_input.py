@@ -12,6 +12,7 @@ import torch
 import generate
 import train
 from data.tokenizer import train_char
+from generation.checkpoint import CheckpointError, read_weights
 
 from .common import ROOT, TINY_OVERRIDES, damaged_copy, one_error_line, run_script
 from .tiny import train_tiny_gpt, write_checkpoint
@@ -365,6 +366,27 @@ def test_prompt_with_characters_the_char_tokenizer_never_saw(tiny_text, tmp_path
 def test_damaged_checkpoint_to_generate_from(tiny_run, tmp_path, capsys):
     broken = damaged_copy(tiny_run / "checkpoints" / "last.ckpt", tmp_path, "truncated")
     assert generate.main(["--ckpt", str(broken), "--prompt", "x"]) == 1
+    assert "truncated or corrupted" in one_error_line(capsys.readouterr().err)
+
+
+def test_a_file_that_is_no_checkpoint_is_named_so(tiny_run, tmp_path, capsys, monkeypatch):
+    """A text or config file given as a checkpoint is said not to be one (not "damaged"); a checkpoint
+    file, however named, that lost its bytes is still said to be damaged."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "notes.txt").write_text("ROMEO: my notes\n")
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.yaml").write_text("model:\n  n_layer: 2\n")
+    for given in ("notes.txt", str(tmp_path / "run" / "config.yaml")):
+        assert generate.main(["--ckpt", given, "--prompt", "x"]) == 1
+        assert one_error_line(capsys.readouterr().err) == (
+            f"error: {given} is not a checkpoint; pass a .ckpt file that train.py wrote, a run folder or a "
+            "Hugging Face folder"
+        )
+    with pytest.raises(CheckpointError, match="notes.txt is not a checkpoint"):  # as init_from= reads it
+        read_weights(tmp_path / "notes.txt")
+    renamed = tmp_path / "weights.bak"
+    renamed.write_bytes((tiny_run / "checkpoints" / "last.ckpt").read_bytes()[:2000])
+    assert generate.main(["--ckpt", str(renamed), "--prompt", "x"]) == 1
     assert "truncated or corrupted" in one_error_line(capsys.readouterr().err)
 
 
