@@ -180,7 +180,7 @@ BAD_SETTINGS = [
     ),
     (["data=hub"], "data=hub needs data.name"),
     (["tokenizer=pretrained"], "tokenizer=pretrained needs tokenizer.path"),
-    (["tokenizer.vocab_size=-5"], "tokenizer.vocab_size must be at least 1, got -5"),
+    (["tokenizer.vocab_size=-5"], "tokenizer.vocab_size=-5 is too small: byte-level BPE needs 256 byte tokens"),
     (["tokenizer.vocab_size=10"], "tokenizer.vocab_size=10 is too small: byte-level BPE needs 256 byte tokens"),
     (
         ["logger.wandb.mode=sometimes"],

@@ -289,7 +289,7 @@ SPEC: dict[str, Any] = {
     "optim.min_lr_ratio": Number(min=0, max=1),
     "optim.max_nonfinite_in_a_row": STEPS,
     "tokenizer.kind": Choice(("bpe", "char", "pretrained")),
-    "tokenizer.vocab_size": STEPS,
+    "tokenizer.vocab_size": Number(whole=True, max=COUNT_LIMIT),  # its least is BPE's: check_together says why
     "tokenizer.max_train_chars": STEPS,
     "tokenizer.path": Text(),
     "data.source": Choice(("shakespeare", "text", "hub", "pydoc")),
