@@ -128,7 +128,7 @@ def step_times(model: GPT, idx: torch.Tensor, n: int) -> list[float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer repeats; uncached comparison on 300 tokens")
     parser.add_argument("--cases", nargs="+", type=int, default=[1, 2, 3], choices=[1, 2, 3], help="which to run (CPU)")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="cuda: the GPU cases instead")

@@ -180,13 +180,17 @@ def library_throughput(corpus: Path, tokenizer_json: str) -> tuple[float, float,
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mb", type=int, default=200, help="corpus size in megabytes (default 200)")
     parser.add_argument("--shakespeare", type=Path, default=Path(os.environ.get("TINYSHAKESPEARE", SHAKESPEARE)))
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         return child(*args.child)
+    if args.mb < 1:
+        raise SystemExit(f"--mb must be at least 1, got {args.mb}")
+    if not args.shakespeare.is_file():
+        raise SystemExit(f"--shakespeare {args.shakespeare}: no such file; give Tiny Shakespeare's input.txt")
 
     work = Path(tempfile.mkdtemp(prefix="tinygpt2-bench-"))
     try:

@@ -90,7 +90,7 @@ def label(overrides: str) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--budget",
         choices=["75s", "default", "both"],
@@ -107,6 +107,8 @@ def main() -> None:
     parser.add_argument("--runs", nargs="+", default=None, help="override strings, one run each ('default': none)")
     parser.add_argument("--repeats", type=int, default=1, help="runs of each (the machine's load moves the figures)")
     args = parser.parse_args()
+    if args.seconds < 1 or args.repeats < 1:
+        raise SystemExit(f"--seconds and --repeats must be at least 1, got {args.seconds} and {args.repeats}")
     if args.text == "shakespeare" and not SHAKESPEARE.is_file():
         raise SystemExit(f"Tiny Shakespeare not found at {SHAKESPEARE}; set TINYSHAKESPEARE=/path/to/input.txt")
     for budget in ["75s", "default"] if args.budget == "both" else [args.budget]:

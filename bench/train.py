@@ -76,6 +76,7 @@ def overrides(shape: dict, steps: int, compile_model: bool) -> list[str]:
         f"data.path={SHAKESPEARE}",
         f"data.batch_size={shape['batch_size']}",
         f"trainer.max_steps={steps}",
+        f"optim.warmup_steps={min(10, steps - 1)}",  # the learning rate's; below any number of steps measured
         f"trainer.val_check_interval={steps}",
         "trainer.limit_val_batches=1",
         f"checkpoint.every_n_steps={steps}",
@@ -147,7 +148,7 @@ def measure(shape: dict, steps: int, compile_model: bool) -> tuple[float, float,
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--quick", action="store_true", help="two thirds of the steps, one run per shape, no compiled runs"
     )
@@ -155,7 +156,20 @@ def main() -> None:
     parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     parser.add_argument("--repeats", type=int, default=None, help="eager runs per shape (default 2, 1 with --quick)")
     args = parser.parse_args()
-    repeats = args.repeats or (1 if args.quick else 2)
+    if args.repeats is not None and args.repeats < 1:
+        raise SystemExit(f"--repeats must be at least 1, got {args.repeats}")
+    repeats = args.repeats if args.repeats is not None else (1 if args.quick else 2)
+    steps_of = {}
+    for name in args.shapes:
+        shape = SHAPES[name]
+        steps_of[name] = (
+            args.steps if args.steps is not None else shape["steps"] * 2 // 3 if args.quick else shape["steps"]
+        )
+        if steps_of[name] < shape["warmup"] + 10:
+            raise SystemExit(
+                f"--steps {steps_of[name]} leaves fewer than 10 steps after the {shape['warmup']} warm-up steps of "
+                f"{name}; use --steps {shape['warmup'] + 10} or more"
+            )
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)  # "GPU available: False", ...
     peak = cpu_peak_flops()  # train.py's train/mfu peak: max(theoretical fp32 rate, fastest rate seen on this machine)
     print(
@@ -167,12 +181,7 @@ def main() -> None:
     print(f"{'shape':<12} {'steps':>5} {'run':>3} {'bare loop':>10} {'train.py':>10} {'ratio':>6} {'MFU':>6}")
     for name in args.shapes:
         shape = SHAPES[name]
-        steps = args.steps or (shape["steps"] * 2 // 3 if args.quick else shape["steps"])
-        if steps < shape["warmup"] + 10:
-            raise SystemExit(
-                f"--steps {steps} leaves fewer than 10 steps after the {shape['warmup']} warm-up steps of {name}; "
-                f"use --steps {shape['warmup'] + 10} or more"
-            )
+        steps = steps_of[name]
         ratios = []
         for run in range(1, repeats + 1):
             ours, bare, config = measure(shape, steps, compile_model=False)

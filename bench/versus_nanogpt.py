@@ -92,10 +92,12 @@ def run_ours(scratch: Path, n: int, env: dict[str, str], *extra: str) -> tuple[f
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nanogpt", type=Path, required=True, help="a checkout of github.com/karpathy/nanoGPT")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs of each, taking turns (default 3)")
     args = parser.parse_args()
+    if args.repeats < 1:
+        raise SystemExit(f"--repeats must be at least 1, got {args.repeats}")
     if not (args.nanogpt / "train.py").is_file() or not (args.nanogpt / "model.py").is_file():
         raise SystemExit(f"--nanogpt {args.nanogpt}: no nanoGPT checkout there (train.py and model.py)")
     if not SHAKESPEARE.is_file():
