@@ -8,6 +8,7 @@ preparation that stops part way goes on where it stopped.
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import os
 import time
@@ -15,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from omegaconf import OmegaConf
 from tokenizers import Tokenizer
 
@@ -177,6 +179,34 @@ def check_sizes(cache: TokenCache, block_size: int) -> None:
                 f"the {split} split has {have} tokens, fewer than block_size + 1 = {need}; use more text, "
                 f"{share}, or a smaller model.block_size"
             )
+
+
+UNKNOWN_SHARE_TO_WARN = 0.001  # of a split's tokens; a stray character now and then is not worth a word
+
+
+def unknown_tokens(cache: TokenCache) -> str | None:
+    """What to tell the user when many tokens are the tokenizer's unknown token (a word-level or char
+    tokenizer that lacks what the text holds): each stands for text it lost, so the loss and bits per
+    character are lower than the text's own. None when they are few or the tokenizer has none."""
+    unk = json.loads(cache.tokenizer_json).get("model", {}).get("unk_token")
+    unk_id = Tokenizer.from_str(cache.tokenizer_json).token_to_id(unk) if isinstance(unk, str) else None
+    if unk_id is None:
+        return None
+    shares = {}
+    for split in ("train", "val"):
+        ids = cache.ids(split)
+        count = int(np.count_nonzero(ids == unk_id))
+        if len(ids) and count / len(ids) > UNKNOWN_SHARE_TO_WARN:
+            shares[split] = (
+                f"{count:,} of the {len(ids):,} {'training' if split == 'train' else 'validation'} tokens ({count / len(ids):.1%})"
+            )
+    if not shares:
+        return None
+    return (
+        f"{cache.meta['source']}: {' and '.join(shares.values())} are the tokenizer's unknown token {unk}: text it has no token for, "
+        "each learned as one symbol, so val/loss and val/bpc are lower than the text's own; use a tokenizer "
+        "that covers the text (tokenizer=bpe covers any text)"
+    )
 
 
 def tokens_per_char(cache: TokenCache) -> float:

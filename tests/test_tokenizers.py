@@ -165,3 +165,31 @@ def test_bpe_learns_from_a_bounded_sample(tmp_path, small_text, monkeypatch):
     assert 7_000 <= sum(map(len, seen)) <= 8_000
     text = small_text.read_text()
     assert seen[0] in text[:10_000] and seen[-1] in text[40_000:54_000]  # windows from the start to the end
+
+
+def test_a_tokenizer_that_loses_much_of_the_text_is_named_with_its_share(tmp_path, small_text):
+    """A word-level tokenizer that lacks most words turns them into its unknown token, which the model
+    learns as one symbol: the warning says how many, in which split; a tokenizer that covers the text
+    (byte-level BPE, which has no unknown token) and one that lacks almost nothing say nothing."""
+    from data.prepare import unknown_tokens
+
+    words = small_text.read_text().split()
+    common = {w: i + 1 for i, w in enumerate(dict.fromkeys(words[:40]))}
+    for name, vocab in (
+        ("few", {"[UNK]": 0, **common}),
+        ("all", {"[UNK]": 0, **{w: i + 1 for i, w in enumerate(dict.fromkeys(words))}}),
+    ):
+        tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+        tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+        tokenizer.save(str(tmp_path / f"{name}.json"))
+    data = data_config(tmp_path / "cache", path=str(small_text))
+    few = TextDataModule(data, OmegaConf.create({"kind": "pretrained", "path": str(tmp_path / "few.json")}), 32, 0, 1)
+    ids = few.prepare().ids("val")
+    unk = int(np.count_nonzero(ids == 0))
+    said = unknown_tokens(few.prepare())
+    assert said.startswith(f"{small_text}: ") and f"{unk:,} of the {len(ids):,} validation tokens" in said
+    assert "unknown token [UNK]" in said and "tokenizer=bpe covers any text" in said
+    every = TextDataModule(data, OmegaConf.create({"kind": "pretrained", "path": str(tmp_path / "all.json")}), 32, 0, 1)
+    assert unknown_tokens(every.prepare()) is None  # every word of the text has a token
+    bpe = TextDataModule(data, bpe_config(), 32, 0, 1)
+    assert unknown_tokens(bpe.prepare()) is None

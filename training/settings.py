@@ -22,7 +22,7 @@ from tokenizers import Tokenizer
 
 from data import DataError
 from data.cache import TokenCache, discard
-from data.prepare import check_sizes, corpus_key, prepare_corpus
+from data.prepare import check_sizes, corpus_key, prepare_corpus, unknown_tokens
 from data.tokenizer import eot_id
 from generation.checkpoint import CheckpointError, DamagedCheckpoint, read_header
 from generation.session import PromptError, encode_prompt
@@ -322,6 +322,8 @@ def resolve(requested: dict[str, Any], named: Iterable[str] = ()) -> tuple[RunSe
         check_sizes(tokens, model.block_size)
         values["tokens_per_step"], accumulation = global_batch(values, world_size)
         size_to_fallback(values, tokens, named)
+        if unknown := unknown_tokens(tokens):
+            warn(unknown)
         check_sample_prompts(values, tokens.tokenizer_json)
     except (SettingError, ConfigError, DataError):
         if tokens.made_now:  # refused: the entry made for it goes too
