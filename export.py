@@ -16,6 +16,7 @@ if __name__ == "__main__":  # Ctrl-C during the imports: stop at once (nothing h
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -289,6 +290,23 @@ def compare_logits(folder: Path, model: GPT, tokenizer: Tokenizer) -> tuple[floa
     return difference, ids.numel()
 
 
+@contextlib.contextmanager
+def taking_turns_in(parent: Path):
+    """Held while a finished folder is put in `parent`: two exports to one --out take turns, so that
+    the second finds the first's folder (and refuses it without --force) rather than replacing it."""
+    fd = os.open(parent, os.O_RDONLY)
+    try:
+        try:
+            import fcntl
+
+            fcntl.flock(fd, fcntl.LOCK_EX)  # released when fd is closed
+        except ImportError:  # no flock (Windows): exports to one folder at one time are not guarded
+            pass
+        yield
+    finally:
+        os.close(fd)
+
+
 def install(staging: Path, out: Path) -> None:
     """Put the finished folder at out. An empty folder is filled where it is (it may be the shell's working
     folder); a model folder that --force replaces is moved aside first and removed only after."""
@@ -349,7 +367,12 @@ def export(ckpt: Path, out: Path, force: bool = False, hub_repo: str | None = No
                     f"transformers' logits differ from ours by {difference:.3g} (limit {TOLERANCE:g}); "
                     "nothing was written"
                 )
-            install(staging, out)
+            with taking_turns_in(out.parent):
+                try:  # again: another export may have written --out while this one ran
+                    check_destination(out, ckpt, force)
+                except ExportError as err:
+                    raise ExportError(f"{err} (it was written while this export ran); nothing was written") from None
+                install(staging, out)
             installed = True
         except OSError as err:
             raise ExportError(f"writing {out} failed ({err}); nothing was written") from None

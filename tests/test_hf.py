@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import subprocess
+from subprocess import PIPE
 
 import pytest
 import torch
@@ -18,7 +20,7 @@ from generation.checkpoint import META_KEY, CheckpointError, load_checkpoint
 from model import GPT
 from model.hf import from_hf_state_dict
 
-from .common import one_error_line
+from .common import one_error_line, script_command, script_environment
 from .tiny import EOT, train_tiny_gpt, write_checkpoint
 
 transformers.utils.logging.set_verbosity_error()
@@ -83,6 +85,31 @@ def test_export_replaces_an_earlier_export_only_with_force(tiny_run, tmp_path, c
     assert export.main(["--ckpt", str(tiny_run), "--out", str(out), "--force"]) == 0
     assert sorted(p.name for p in out.iterdir()) == sorted(export.FILES)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["exported"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("out_exists", [False, True], ids=["new", "empty"])
+def test_two_exports_to_one_folder_at_once_never_replace_each_other(tiny_run, tmp_path, out_exists):
+    """Both find --out free when they start; the one that finishes second refuses it rather than
+    replacing the first's model without --force, and says that nothing was written."""
+    out = tmp_path / "exported"
+    if out_exists:
+        out.mkdir()
+    command = script_command(("export.py", "--ckpt", str(tiny_run), "--out", "exported"), tmp_path)
+    procs = [
+        subprocess.Popen(command, cwd=tmp_path, env=script_environment(None, None), stdout=PIPE, stderr=PIPE, text=True)
+        for _ in range(2)
+    ]
+    results = sorted((proc.wait(timeout=300), *proc.communicate()) for proc in procs)
+    (ok, written, _), (refused, _, error) = results
+    assert ok == 0 and written.startswith(f"wrote {out}: ")
+    assert refused == 1 and "Traceback" not in error
+    assert one_error_line(error) == (
+        f"error: --out {out} is not empty; choose a new folder, or pass --force to replace the model in it "
+        "(it was written while this export ran); nothing was written"
+    )
+    assert sorted(p.name for p in out.iterdir()) == sorted(export.FILES)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["exported"]  # no staging folder left
 
 
 def test_force_never_deletes_the_users_files_beside_a_config_json(tiny_run, tmp_path, capsys):
