@@ -237,6 +237,13 @@ def go_offline_if_unreachable(timeout: float = 5.0) -> None:
             setattr(sys.modules[module], name, True)
 
 
+def saved_by_datasets(name: str) -> bool:
+    """Whether data.name is one Dataset written by `Dataset.save_to_disk`: a folder that load_dataset
+    cannot read (a DatasetDict's folder of splits it reads as any other)."""
+    folder = Path(str(name)).expanduser()
+    return (folder / "state.json").is_file() and (folder / "dataset_info.json").is_file()
+
+
 def hub_part(cfg, split: str, rule: str) -> Part:
     streaming = bool(cfg.get("streaming"))
 
@@ -244,6 +251,8 @@ def hub_part(cfg, split: str, rule: str) -> Part:
         import datasets
 
         with hub_errors(cfg.name):
+            if saved_by_datasets(cfg.name):
+                return datasets.load_from_disk(str(Path(str(cfg.name)).expanduser())).to_iterable_dataset()
             ds = datasets.load_dataset(
                 cfg.name, cfg.get("config"), split=split, revision=cfg.get("revision"), streaming=streaming
             )
@@ -263,6 +272,13 @@ def resolve_val_split(cfg, train_split: str) -> str | None:
     """The split to validate on: data.val_split, or with `auto` the dataset's validation split if it
     has one; None means the data.val_fraction of the training split."""
     wanted = cfg.get("val_split", "auto")
+    if saved_by_datasets(cfg.name):  # one Dataset, no splits: validation is its last data.val_fraction
+        if train_split != "train" or wanted not in (None, "", "none", "null", "auto"):
+            raise DataError(
+                f"data.name={cfg.name} is one dataset saved with save_to_disk, without splits; leave data.split "
+                "and data.val_split out (the last data.val_fraction of it validates)"
+            )
+        return None
     if wanted in (None, "", "none", "null"):
         return None
     import datasets

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from data import DataError
 from data.corpus import Corpus, Part, windows
 from data.datamodule import ContiguousWindows, RandomWindows, TextDataModule
 from data.files import expand_paths
@@ -201,6 +202,23 @@ def test_hub_dataset_without_a_validation_split_uses_the_fraction(tmp_path):
     assert (documents_of(whole, "train"), documents_of(whole, "val")) == reference_split(texts, 0.1)
     streamed = prepared(tmp_path, source="hub", name=str(folder), val_split="auto", streaming=True)
     assert documents_of(streamed, "val") == texts[9::10]
+
+
+def test_hub_datasets_saved_with_save_to_disk(tmp_path):
+    """A DatasetDict's folder validates on its validation split; one Dataset's folder (which load_dataset
+    cannot read) on its last data.val_fraction; with a split named, the one-split folder is refused."""
+    import datasets
+
+    splits = {split: datasets.Dataset.from_dict({"text": stories(60, split)}) for split in ("train", "validation")}
+    datasets.DatasetDict(splits).save_to_disk(tmp_path / "saved_dict")
+    dm = prepared(tmp_path, source="hub", name=str(tmp_path / "saved_dict"), split="train", val_split="auto")
+    assert documents_of(dm, "train") == stories(60, "train") and documents_of(dm, "val") == stories(60, "validation")
+
+    splits["train"].save_to_disk(tmp_path / "saved_one")
+    dm = prepared(tmp_path, source="hub", name=str(tmp_path / "saved_one"), split="train", val_split="auto")
+    assert (documents_of(dm, "train"), documents_of(dm, "val")) == reference_split(stories(60, "train"), 0.1)
+    with pytest.raises(DataError, match=r"saved_one is one dataset saved with save_to_disk, without splits; leave"):
+        prepared(tmp_path, source="hub", name=str(tmp_path / "saved_one"), split="test", val_split="auto")
 
 
 def test_pydoc_corpus(tmp_path):
