@@ -322,13 +322,13 @@ def resolve(requested: dict[str, Any], named: Iterable[str] = ()) -> tuple[RunSe
         check_sizes(tokens, model.block_size)
         values["tokens_per_step"], accumulation = global_batch(values, world_size)
         size_to_fallback(values, tokens, named)
-        if unknown := unknown_tokens(tokens):
-            warn(unknown)
         check_sample_prompts(values, tokens.tokenizer_json)
     except (SettingError, ConfigError, DataError):
         if tokens.made_now:  # refused: the entry made for it goes too
             discard(tokens)
         raise
+    if unknown := unknown_tokens(tokens):
+        warn(unknown)
     values["trainer"]["accumulate_grad_batches"] = accumulation
     chosen = left_to_the_machine(requested)
     return RunSettings(values, model, tokens, world_size, accumulation, machine_chosen=chosen), start
