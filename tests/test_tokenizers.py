@@ -193,3 +193,21 @@ def test_a_tokenizer_that_loses_much_of_the_text_is_named_with_its_share(tmp_pat
     assert unknown_tokens(every.prepare()) is None  # every word of the text has a token
     bpe = TextDataModule(data, bpe_config(), 32, 0, 1)
     assert unknown_tokens(bpe.prepare()) is None
+
+
+@pytest.mark.slow
+def test_train_py_says_how_much_of_the_text_a_tokenizer_loses(tmp_path, small_text):
+    """The user's path: train.py with a word-level tokenizer of a few words warns in one line, and trains."""
+    from .common import TINY_OVERRIDES, run_script
+
+    vocab = {"[UNK]": 0, **{w: i + 1 for i, w in enumerate(dict.fromkeys(small_text.read_text().split()[:40]))}}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.save(str(tmp_path / "words.json"))
+    settings = [o for o in TINY_OVERRIDES if not o.startswith("tokenizer.")]
+    proc = run_script(
+        "train.py", *settings, f"data.path={small_text}", "tokenizer=pretrained", "tokenizer.path=words.json"
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    warned = [line for line in (proc.stdout + proc.stderr).splitlines() if "unknown token [UNK]" in line]
+    assert len(warned) == 1 and "[WARNING]" in warned[0] and "validation tokens (" in warned[0]
