@@ -17,6 +17,7 @@ if __name__ == "__main__":  # Ctrl-C during the imports: stop at once (nothing h
 
 import argparse
 import contextlib
+import glob
 import json
 import os
 import re
@@ -290,6 +291,40 @@ def compare_logits(folder: Path, model: GPT, tokenizer: Tokenizer) -> tuple[floa
     return difference, ids.numel()
 
 
+def remove_left_behind(out: Path) -> None:
+    """Remove the unfinished folders that exports to `out` killed outright (SIGKILL, a power cut) left
+    beside it: those of processes no longer running (and any of this process id, from an earlier one)."""
+    for staging in out.parent.glob(f".{glob.escape(out.name)}.partial-*"):
+        pid = staging.name.rsplit("-", 1)[1]
+        if pid.isdigit() and (int(pid) == os.getpid() or not process_exists(int(pid))):
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process
+        return True
+    return True
+
+
+@contextlib.contextmanager
+def stops_held():
+    """Ctrl-C and SIGTERM wait until the folder is in place: between moving a replaced model aside and
+    putting the new one in its place, a stop would leave --out with neither."""
+    stops = {signal.SIGINT, signal.SIGTERM}
+    if not hasattr(signal, "pthread_sigmask"):  # Windows
+        yield
+        return
+    signal.pthread_sigmask(signal.SIG_BLOCK, stops)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)  # a stop that came meanwhile is raised here
+
+
 @contextlib.contextmanager
 def taking_turns_in(parent: Path):
     """Held while a finished folder is put in `parent`: two exports to one --out take turns, so that
@@ -352,8 +387,8 @@ def export(ckpt: Path, out: Path, force: bool = False, hub_repo: str | None = No
     try:
         try:
             out.parent.mkdir(parents=True, exist_ok=True)
+            remove_left_behind(out)
             staging = out.with_name(f".{out.name}.partial-{os.getpid()}")
-            shutil.rmtree(staging, ignore_errors=True)  # left by a killed export with the same process id
             staging.mkdir()
         except OSError as err:
             raise ExportError(
@@ -367,13 +402,13 @@ def export(ckpt: Path, out: Path, force: bool = False, hub_repo: str | None = No
                     f"transformers' logits differ from ours by {difference:.3g} (limit {TOLERANCE:g}); "
                     "nothing was written"
                 )
-            with taking_turns_in(out.parent):
+            with taking_turns_in(out.parent), stops_held():
                 try:  # again: another export may have written --out while this one ran
                     check_destination(out, ckpt, force)
                 except ExportError as err:
                     raise ExportError(f"{err} (it was written while this export ran); nothing was written") from None
                 install(staging, out)
-            installed = True
+                installed = True
         except OSError as err:
             raise ExportError(f"writing {out} failed ({err}); nothing was written") from None
         finally:
@@ -400,17 +435,28 @@ def export(ckpt: Path, out: Path, force: bool = False, hub_repo: str | None = No
     return difference
 
 
+class Terminated(BaseException):  # as KeyboardInterrupt: no library's `except Exception` takes it
+    """SIGTERM (a scheduler's or `kill`'s stop): raised where the export is, so that it cleans up as for Ctrl-C."""
+
+
+def terminate(signum, frame) -> None:
+    raise Terminated
+
+
 def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C from here: see the except below
+    before = signal.signal(signal.SIGTERM, terminate)
     args = parse_args(argv)
     try:
         export(args.ckpt, args.out, args.force, args.push_to_hub)
     except (ExportError, CheckpointError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, Terminated) as stop:
         print("\nstopped", file=sys.stderr)
-        return 130
+        return 143 if isinstance(stop, Terminated) else 130
+    finally:
+        signal.signal(signal.SIGTERM, before)
     return 0
 
 

@@ -252,6 +252,41 @@ def test_generate_py_into_a_pipe_that_closes_early_ends_quietly(tiny_run):
     assert proc.returncode == 141 and "Traceback" not in err and "Error" not in err
 
 
+@pytest.mark.slow
+def test_export_stopped_or_killed_while_it_writes_leaves_nothing_behind(tiny_run, tmp_path, capsys):
+    """SIGTERM while the folder is being written aside: it stops with nothing left, not even the folders
+    --out needed; an unfinished folder that a SIGKILL left is removed by the next export to that place."""
+    proc = start_script(
+        "export.py",
+        "--ckpt",
+        str(tiny_run),
+        "--out",
+        "x/y/hf",
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 240
+    while (
+        not list((tmp_path / "x" / "y").glob(".hf.partial-*")) and proc.poll() is None and time.monotonic() < deadline
+    ):
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 143 and err.strip().splitlines()[-1] == "stopped" and "Traceback" not in err
+    assert not (tmp_path / "x").exists()
+
+    out = tmp_path / "hf"
+    dead = 2**22 + 1  # above Linux's default pid_max: no process has it
+    left = tmp_path / f".hf.partial-{dead}"
+    left.mkdir()
+    (left / "model.safetensors").write_bytes(b"half")
+    mine = tmp_path / ".other.partial-123"  # another --out's: not this export's to remove
+    mine.mkdir()
+    assert export.main(["--ckpt", str(tiny_run), "--out", str(out)]) == 0
+    assert not left.exists() and mine.exists() and sorted(p.name for p in out.iterdir()) == sorted(export.FILES)
+
+
 @pytest.mark.parametrize("program", ["generate.py", "explain.py", "export.py"])
 def test_ctrl_c_at_any_moment_gives_no_traceback(program, tiny_run, tmp_path):
     """Ctrl-C while the program imports its libraries, or once it works: it stops, in one line at most."""
