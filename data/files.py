@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import codecs
 import glob
+import logging
 import os
 from collections import Counter
 from collections.abc import Iterator
@@ -21,6 +22,8 @@ from .tokenizer import safe_pieces
 FORMATS = {".txt": "txt", ".text": "txt", ".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
 READ_BYTES = 1 << 20
 
+log = logging.getLogger(__name__)
+
 
 def expand_paths(path, setting: str = "data.path", fmt: str = "auto") -> tuple[list[str], str]:
     """The files a path means, sorted, and their one format."""
@@ -29,17 +32,21 @@ def expand_paths(path, setting: str = "data.path", fmt: str = "auto") -> tuple[l
     path = os.path.expanduser(str(path))
     if os.path.isdir(path):
         root = Path(path)
-        files = sorted(
-            str(p)
-            for p in root.rglob("*")
-            if p.is_file()
-            and p.suffix.lower() in FORMATS
-            and fmt in ("auto", FORMATS[p.suffix.lower()])
-            and not any(part.startswith(".") for part in p.relative_to(root).parts)
-        )
+        every = [
+            p for p in root.rglob("*") if p.is_file() and not any(x.startswith(".") for x in p.relative_to(root).parts)
+        ]
+        read = [p for p in every if p.suffix.lower() in FORMATS and fmt in ("auto", FORMATS[p.suffix.lower()])]
+        files = sorted(map(str, read))
+        chosen = set(read)
+        others = Counter(p.suffix.lower() for p in every if p not in chosen)
         if not files:
             kinds = ".txt, .jsonl, .json, .csv or .parquet" if fmt == "auto" else f"{fmt} format"
-            raise DataError(f"{setting} folder {path} holds no files of {kinds}")
+            raise DataError(f"{setting} folder {path} holds no files of {kinds}{other_files(others, setting, path)}")
+        if others:
+            kind = format_of(files[0], fmt)
+            log.info(
+                "%s %s: reading %s, leaving out %s", setting, path, count(len(files), f"{kind} file"), described(others)
+            )
     elif os.path.isfile(path):
         files = [path]
     elif glob.has_magic(path):
@@ -54,6 +61,26 @@ def expand_paths(path, setting: str = "data.path", fmt: str = "auto") -> tuple[l
         raise DataError(f"{setting} {path} mixes formats ({found}); choose one with data.format=txt|json|csv|parquet")
     check_not_empty(files, path, setting)
     return files, next(iter(formats))
+
+
+def described(extensions: Counter) -> str:
+    """'12 .md files, 1 .py file', of the files a folder holds that are not read."""
+    parts = [count(n, f"{ext or 'extensionless'} file") for ext, n in extensions.most_common(3)]
+    rest = sum(extensions.values()) - sum(n for _, n in extensions.most_common(3))
+    return ", ".join(parts) + (f" and {rest} more" if rest else "")
+
+
+def other_files(extensions: Counter, setting: str, path: str) -> str:
+    """What a folder that holds no files to read does hold, and how to give them."""
+    if not extensions:
+        return ""
+    ext = next((e for e, _ in extensions.most_common() if e), "")
+    how = f"; give those with a glob, e.g. {setting}='{path.rstrip('/')}/**/*{ext}'" if ext else ""
+    return f" (it holds {described(extensions)}{how})"
+
+
+def count(n: int, thing: str) -> str:
+    return f"{n:,} {thing}{'' if n == 1 else 's'}"
 
 
 def format_of(file: str, fmt: str = "auto") -> str:

@@ -122,7 +122,7 @@ def test_the_tokenizer_sample_is_spread_over_the_whole_corpus():
 # ---- sources and formats ----------------------------------------------------------------------------
 
 
-def test_text_source_reads_a_folder_and_a_glob(tmp_path):
+def test_text_source_reads_a_folder_and_a_glob(tmp_path, caplog):
     folder = tmp_path / "books"
     (folder / "sub").mkdir(parents=True)
     (folder / "a.txt").write_text("first book " * 20)
@@ -130,7 +130,9 @@ def test_text_source_reads_a_folder_and_a_glob(tmp_path):
     (folder / "notes.md").write_text("not one of the formats")
     (folder / ".hidden").mkdir()
     (folder / ".hidden" / "c.txt").write_text("a hidden file")
-    assert [p.rsplit("/", 1)[-1] for p in expand_paths(str(folder))[0]] == ["a.txt", "b.txt"]
+    with caplog.at_level(logging.INFO, logger="data.files"):
+        assert [p.rsplit("/", 1)[-1] for p in expand_paths(str(folder))[0]] == ["a.txt", "b.txt"]
+    assert f"data.path {folder}: reading 2 txt files, leaving out 1 .md file" in caplog.messages  # said, not silent
     assert len(expand_paths(str(folder / "*.txt"))[0]) == 1
     dm = prepared(tmp_path, path=str(folder))
     train, val = reference_split(["first book " * 20, "second book " * 20], 0.1)

@@ -199,6 +199,21 @@ def test_hub_split_that_does_not_exist(tmp_path):
     assert message.startswith(f"data.val_split=validation is not a split of {folder}; it has train")
 
 
+def test_a_folder_of_files_of_no_known_format_says_what_it_holds_and_how_to_read_them(tmp_path):
+    notes = tmp_path / "notes"
+    (notes / "2026").mkdir(parents=True)
+    text = "Notes of mine, a line or two of them.\n" * 10
+    for name in ("2026/a.md", "2026/b.md", "c.md", "make.py"):
+        (notes / name).write_text(text)
+    message = refused_preparation(tmp_path, path=str(notes))
+    assert message == (
+        f"data.path folder {notes} holds no files of .txt, .jsonl, .json, .csv or .parquet (it holds 3 .md files, "
+        f"1 .py file; give those with a glob, e.g. data.path='{notes}/**/*.md')"
+    )
+    dm = TextDataModule(data_config(tmp_path / "cache", path=f"{notes}/**/*.md"), bpe_config(), 8, 0, 1)
+    assert dm.prepare().meta["train_chars"] + dm.prepare().meta["val_chars"] == 3 * len(text)  # the glob, as suggested
+
+
 def test_mixed_formats_in_a_folder(tmp_path):
     (tmp_path / "books").mkdir()
     (tmp_path / "books" / "a.txt").write_text("text " * 100)
