@@ -221,10 +221,22 @@ def test_too_many_nonfinite_losses_stop_the_run_and_keep_the_last_good_checkpoin
     assert proc.returncode != 0
     last_line = proc.stderr.strip().splitlines()[-1]
     assert last_line.startswith("error: training diverged: 3 steps in a row (up to step 7)")
+    assert last_line.endswith(f"; the last good weights are in {run / 'checkpoints' / 'step-000006.ckpt'}")
     assert "Traceback" not in proc.stderr
     good = run / "checkpoints" / "step-000004.ckpt"
     assert all(torch.isfinite(t).all() for t in checkpoint_weights(good).values())
     assert_bit_equal(run / "checkpoints" / "step-000006.ckpt", good)  # the skipped steps changed nothing
+
+
+def test_a_run_that_diverges_before_its_first_checkpoint_says_there_is_none(small_text, tmp_path):
+    run = tmp_path / "run"
+    extra = ("optim.max_nonfinite_in_a_row=3", "checkpoint.every_n_steps=50", f"hydra.run.dir={run}")
+    proc = run_script("train.py", *args_for(small_text, *extra), failpoint="nan:1-10")
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    last_line = proc.stderr.strip().splitlines()[-1]
+    assert last_line.startswith("error: training diverged: ") and "steps in a row" in last_line
+    assert last_line.endswith(f"; no checkpoint was written before it (the run's log: {run / 'train.log'})")
+    assert (run / "train.log").is_file() and not list(run.rglob("*.ckpt"))
 
 
 def test_nonfinite_losses_are_skipped_with_value_clipping_too(small_text, tmp_path):
@@ -251,7 +263,7 @@ def test_weights_that_are_no_longer_finite_are_never_checkpointed(small_text, tm
     assert last_line.startswith(
         "error: training diverged: at step 5 the weights are no longer finite (transformer.wte.weight)"
     )
-    assert "the checkpoints written so far hold the last good weights" in last_line
+    assert last_line.endswith(f"; the last good weights are in {run / 'checkpoints' / 'step-000004.ckpt'}")
     saved = sorted((run / "checkpoints").glob("*.ckpt"))
     assert [p.name for p in saved] == ["last.ckpt", "step-000002.ckpt", "step-000004.ckpt"]
     for checkpoint in saved:

@@ -289,8 +289,7 @@ class GPTModule(L.LightningModule):
         if longest >= self.max_nonfinite_in_a_row:
             raise TrainingDiverged(
                 f"training diverged: {longest} steps in a row (up to step {step}) had a non-finite "
-                f"loss; the checkpoints written so far hold the last good weights. Lower optim.lr, or raise "
-                f"optim.max_nonfinite_in_a_row to wait longer"
+                f"loss; lower optim.lr, or raise optim.max_nonfinite_in_a_row to wait longer"
             )
 
     # ---- checkpoints -----------------------------------------------------------------------------
@@ -301,9 +300,8 @@ class GPTModule(L.LightningModule):
         bad = self.nonfinite_parameter()
         if bad is not None:  # never a checkpoint of broken weights: the ones written so far stay the newest
             raise TrainingDiverged(
-                f"training diverged: at step {self.trainer.global_step} the weights are no longer finite ({bad}); no "
-                "checkpoint was written from them, so the checkpoints written so far hold the last good weights. "
-                "Lower optim.lr, or set trainer.gradient_clip_val"
+                f"training diverged: at step {self.trainer.global_step} the weights are no longer finite ({bad}), and no "
+                "checkpoint was written from them; lower optim.lr, or set trainer.gradient_clip_val"
             )
         checkpoint.update(describe_model(self.model.config, self.tokenizer_json, self.run_config))
         checkpoint["rng_states"] = rng_states()

@@ -21,7 +21,7 @@ from data.datamodule import TextDataModule, batches_for, tokens_per_char
 
 from .callbacks import LossCurve, ProgressBar, TextSamples, Throughput, ValidateAtEnd
 from .checkpointing import AtomicCheckpointIO, GracefulStop, PeriodicCheckpoints
-from .errors import USER_ERRORS, TrackerError
+from .errors import USER_ERRORS, TrackerError, TrainingDiverged
 from .init_from import Start
 from .loggers import build_loggers, finish_loggers
 from .module import GPTModule
@@ -92,6 +92,14 @@ def train(
         if main_process:
             record(folder, settings, result, list(overrides))
         return result
+    except TrainingDiverged as err:  # what is left of the run, which the module cannot see
+        newest = folder.checkpoint_to_resume()
+        left = (
+            f"the last good weights are in {newest}"
+            if newest
+            else f"no checkpoint was written before it (the run's log: {folder.log})"
+        )
+        raise TrainingDiverged(f"{err}; {left}") from None
     except TrackerError:
         if taken is not None and checkpoint is None:
             taken.take_back()  # it stopped before training: a new run leaves nothing behind

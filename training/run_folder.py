@@ -62,6 +62,10 @@ class RunFolder:
         return self.checkpoints / f"step-{step:06d}.ckpt"
 
     @property
+    def log(self) -> Path:
+        return self.path / HYDRA_FILES[1]
+
+    @property
     def last(self) -> Path:
         return self.checkpoints / LAST_NAME
 
