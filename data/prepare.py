@@ -22,7 +22,7 @@ from tokenizers import Tokenizer
 
 from .cache import FORMAT_VERSION, TokenCache, build_cache, find_cache, fingerprint, token_dtype
 from .errors import DataError
-from .files import file_stats
+from .files import count, file_stats
 from .shards import PIECE_CHARS, SHARD_CHARS, encode_corpus, join_shards, read_records
 from .sources import Source, describe
 from .tokenizer import build_tokenizer, pretrained_files, splits_safely
@@ -176,7 +176,7 @@ def check_sizes(cache: TokenCache, block_size: int) -> None:
         if have < need:
             share = "a smaller data.val_fraction" if split == "train" else "a larger data.val_fraction"
             raise DataError(
-                f"the {split} split has {have} tokens, fewer than block_size + 1 = {need}; use more text, "
+                f"the {split} split has {count(have, 'token')}, fewer than block_size + 1 = {need}; use more text, "
                 f"{share}, or a smaller model.block_size"
             )
 
