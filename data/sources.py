@@ -72,6 +72,14 @@ def files_source(cfg, path: str) -> Source:
     fmt = cfg.get("format", "auto")
     files, fmt = expand_paths(path, "data.path", fmt)
     val_files = expand_paths(cfg.val_path, "data.val_path", fmt)[0] if cfg.get("val_path") else None
+    shared = sorted(set(map(os.path.realpath, files)) & set(map(os.path.realpath, val_files or [])))
+    if shared:
+        log.warning(
+            "data.val_path and data.path share %d file(s) (%s): the model is validated on text it trains on, "
+            "which measures memorising, not learning; give data.val_path files of their own",
+            len(shared),
+            shared[0] if len(shared) == 1 else f"{shared[0]}, ...",
+        )
     reading = reading_settings(cfg, fmt)
     identity = {"kind": "files", "format": fmt, **reading, "train": file_stats(files)}
     if val_files:

@@ -189,6 +189,22 @@ def test_validation_files_replace_the_fraction(tmp_path, small_text):
     assert dm.tokenizer.decode(dm.cache.ids("val").tolist()) == val.read_text()
 
 
+def test_validation_files_that_are_training_files_are_named(tmp_path, small_text, caplog):
+    """Validating on text the model trains on measures memorising: said in one warning line."""
+    with caplog.at_level(logging.WARNING, logger="data.sources"):
+        describe(data_config(tmp_path / "cache", path=str(small_text), val_path=str(small_text)))
+    assert [r.getMessage() for r in caplog.records] == [
+        f"data.val_path and data.path share 1 file(s) ({small_text.resolve()}): the model is validated on text it "
+        "trains on, which measures memorising, not learning; give data.val_path files of their own"
+    ]
+    caplog.clear()
+    held_out = tmp_path / "held_out.txt"
+    held_out.write_text("A held-out play.\n" * 30)
+    with caplog.at_level(logging.WARNING, logger="data.sources"):
+        describe(data_config(tmp_path / "cache", path=str(small_text), val_path=str(held_out)))
+    assert not caplog.records
+
+
 @pytest.mark.parametrize("streaming", [False, True])
 def test_hub_dataset_validates_on_its_validation_split(tmp_path, streaming):
     folder = hub_folder(tmp_path, {"train": 60, "validation": 60})
