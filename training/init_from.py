@@ -33,11 +33,15 @@ class Start:
     source: Path
 
 
+def keys_of(overrides: Iterable[str]) -> set[str]:
+    """The keys that overrides (`key=value`, `+key=value`, `~key`) or dotted keys name."""
+    return {item.split("=", 1)[0].lstrip("+~") for item in overrides}
+
+
 def model_keys_in(overrides: Iterable[str], model_cfg) -> set[str]:
     """The `model` settings that command-line overrides name (`model=preset` names all of them)."""
     keys: set[str] = set()
-    for item in overrides:
-        key = item.split("=", 1)[0].lstrip("+~")
+    for key in keys_of(overrides):
         if key == "model":
             keys |= set(model_cfg)
         elif key.startswith("model."):
@@ -88,8 +92,7 @@ def kept_tokenizer(requested: dict, start: Start, named: Iterable[str]) -> dict:
     """The tokenizer settings a run from init_from records: those of the tokenizer its weights learned
     with, which it keeps. Tokenizer settings the command line (or a recipe it chooses) names are refused,
     unless they name that same tokenizer (tokenizer=pretrained with files of the same vocabulary)."""
-    keys = {item.split("=", 1)[0].lstrip("+~") for item in named}
-    asked = sorted(key for key in keys if key == "tokenizer" or key.startswith("tokenizer."))
+    asked = sorted(key for key in keys_of(named) if key == "tokenizer" or key.startswith("tokenizer."))
     if not asked:
         return {"kind": "pretrained", "path": str(start.source)}
     have = start.tokenizer.get_vocab(with_added_tokens=True)

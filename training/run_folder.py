@@ -40,7 +40,8 @@ class RunFolderError(ValueError):
     """A run folder that cannot be used as asked; the message says why and what to do."""
 
 
-HYDRA_FILES = (".hydra", "train.log")  # Hydra's record of the command line, and the log
+LOG_NAME = "train.log"  # the run's log, written by Hydra's file handler
+HYDRA_FILES = (".hydra", LOG_NAME)  # Hydra's record of the command line, and the log
 SETTINGS_MARK = "prepared_data"  # a key of the saved settings that marks config.yaml as a run's
 SWEEPS_ROOT = "multirun"  # where sweeps go, a folder each
 
@@ -63,7 +64,7 @@ class RunFolder:
 
     @property
     def log(self) -> Path:
-        return self.path / HYDRA_FILES[1]
+        return self.path / LOG_NAME
 
     @property
     def last(self) -> Path:
