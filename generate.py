@@ -38,6 +38,21 @@ class UsageError(ValueError):
     """Bad command-line input; the message says what to change."""
 
 
+def whole_number(text: str) -> int:
+    """A count as a user may write it: 500, 2_000 or 1e3 (as train.py's settings take it)."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not value.is_integer():
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}")
+    return int(value)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="Sample text from a tinygpt2 checkpoint or a Hugging Face GPT-2 folder.")
     p.add_argument("--prompt", default="", help="text to continue (empty: start from <|endoftext|>)")
@@ -49,15 +64,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--max-new-tokens",
-        type=int,
+        type=whole_number,
         default=500,
         help="tokens to generate per sample; may exceed the context (default 500)",
     )
     p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy; higher = more varied (default 0.8)")
-    p.add_argument("--top-k", type=int, default=None, help="sample only among the k most likely tokens")
+    p.add_argument("--top-k", type=whole_number, default=None, help="sample only among the k most likely tokens")
     p.add_argument("--top-p", type=float, default=None, help="sample only among the most likely tokens holding mass p")
-    p.add_argument("--num-samples", type=int, default=1, help="samples, generated together as one batch (default 1)")
-    p.add_argument("--seed", type=int, default=1337, help="same seed, same text (sample i uses seed + i)")
+    p.add_argument("--num-samples", type=whole_number, default=1, help="samples, generated together as one batch (default 1)")
+    p.add_argument("--seed", type=whole_number, default=1337, help="same seed, same text (sample i uses seed + i)")
     p.add_argument(
         "--stop", action="append", default=[], metavar="STRING", help="stop a sample when it writes STRING (repeatable)"
     )

@@ -71,6 +71,16 @@ def test_generate_py_refuses_bad_settings(args, message, tiny_run, capsys, tmp_p
     assert list(tmp_path.iterdir()) == []  # nothing written
 
 
+def test_generate_py_counts_as_train_py_takes_them(tiny_run, capsys):
+    """1e3 and 2_0 are whole numbers, as in train.py's settings; 1.5 is refused by argparse in one line."""
+    assert generate.main(["--ckpt", str(tiny_run), "--prompt", "ROMEO:", "--max-new-tokens", "2e1", "--seed", "1_0"]) == 0
+    assert "ROMEO:" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as stop:
+        generate.main(["--ckpt", str(tiny_run), "--max-new-tokens", "1.5"])
+    assert stop.value.code == 2
+    assert "argument --max-new-tokens: must be a whole number, got '1.5'" in capsys.readouterr().err
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
 def test_generate_py_device_cuda_without_a_gpu(tiny_run, capsys):
     code = generate.main(["--ckpt", str(tiny_run), "--device", "cuda"])
