@@ -74,8 +74,17 @@ def test_killed_run_resumes_bit_for_bit(failpoint, reference, small_text, tmp_pa
     resumed = run_script("train.py", *args_for(small_text), f"runs_root={runs_root}", "resume=auto")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert only_run(runs_root) == run  # continued in place, no second folder
-    assert json.loads((run / "result.json").read_text())["finished"] is True
+    result = json.loads((run / "result.json").read_text())
+    assert result["finished"] is True
     assert_bit_equal(run / "checkpoints" / "last.ckpt", reference / "checkpoints" / "last.ckpt")
+    timings = ("train/tokens_per_sec", "train/mfu")  # the machine's, not the run's
+
+    def metrics(folder: Path) -> dict:
+        values = json.loads((folder / "result.json").read_text())["metrics"]
+        return {name: value for name, value in values.items() if name not in timings}
+
+    assert "train/loss" in result["metrics"]
+    assert metrics(run) == metrics(reference)  # the last training values too, where resume= only ended the run
     assert train_losses(run) == train_losses(reference)  # the CSV log continues: every step once, same values
     assert not list((run / "checkpoints").glob(".*tmp"))  # the half-written file is gone
     assert (run / ".hydra" / "config.yaml").is_file() and list((run / ".hydra").glob("resume-*"))

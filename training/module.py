@@ -118,17 +118,22 @@ class GPTModule(L.LightningModule):
         self.train_values[name] = value
 
     def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
-        """On logging steps, sends the step's training values (from here and the callbacks) to every
-        logger in one call, numbered as Lightning numbers what it logs.
-
-        Lightning's self.log keeps each value in a collection that it can reduce over the epoch and
-        sync across processes, which per-step values do not need; it cost about a millisecond a value,
-        a few percent of a small model's step on a CPU."""
         trainer = self.trainer
         if failpoints.active("nan_weights", trainer.global_step):
             weight = self.model.transformer.wte.weight
             with torch.no_grad():
                 (weight.to_local() if self.sharded else weight)[0, 0] = float("nan")  # sharded: each its first row
+        self.send_train_values()
+
+    def send_train_values(self) -> None:
+        """On logging steps, sends the step's training values (from here and the callbacks) to every
+        logger in one call, numbered as Lightning numbers what it logs; once per step, at the step's
+        end or, on a step that is checkpointed, before its checkpoint is written (which then holds them).
+
+        Lightning's self.log keeps each value in a collection that it can reduce over the epoch and
+        sync across processes, which per-step values do not need; it cost about a millisecond a value,
+        a few percent of a small model's step on a CPU."""
+        trainer = self.trainer
         if (
             not (self.train_values or self.step_losses)
             or not logging_step(trainer, step_done=True)
@@ -297,6 +302,8 @@ class GPTModule(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         if self._trainer is not None:
             self.settle_nonfinite(self.trainer.global_step)  # the counts up to now, into the checkpoint
+            if self.trainer.training:
+                self.send_train_values()  # logged before the checkpoint of their step exists
         bad = self.nonfinite_parameter()
         if bad is not None:  # never a checkpoint of broken weights: the ones written so far stay the newest
             raise TrainingDiverged(
@@ -306,6 +313,7 @@ class GPTModule(L.LightningModule):
         checkpoint.update(describe_model(self.model.config, self.tokenizer_json, self.run_config))
         checkpoint["rng_states"] = rng_states()
         checkpoint["nonfinite"] = {"skipped": self.skipped_steps, "in_a_row": self.nonfinite_in_a_row}
+        checkpoint["train_values"] = dict(self.latest_train_values)  # a run ended by resume= reports them
 
     def nonfinite_parameter(self) -> str | None:
         """The name of the first parameter holding a NaN or an inf, or None. Sharded, each process
@@ -325,6 +333,7 @@ class GPTModule(L.LightningModule):
         self.skipped_steps, self.nonfinite_in_a_row = counts.get("skipped", 0), counts.get("in_a_row", 0)
         self.nonfinite = torch.tensor([self.skipped_steps, self.nonfinite_in_a_row, self.nonfinite_in_a_row])
         self.settled_step = checkpoint.get("global_step", 0)
+        self.latest_train_values = dict(checkpoint.get("train_values", {}))
 
     @classmethod
     def load_from_checkpoint(

@@ -170,7 +170,8 @@ def fit(
         precision=settings.trainer["precision"],
         accumulate_grad_batches=settings.accumulation,
         logger=loggers or False,
-        callbacks=[best, graceful.checkpoints, graceful, *build_callbacks(settings, folder), *extra_callbacks],
+        # the step checkpoints after the callbacks that add training values to the step they save
+        callbacks=[best, *build_callbacks(settings, folder), graceful.checkpoints, graceful, *extra_callbacks],
         use_distributed_sampler=False,  # the data module shards batches itself, see StepSampler
         plugins=[AtomicCheckpointIO(), *cluster_plugins()],
         enable_checkpointing=True,
