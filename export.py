@@ -210,7 +210,8 @@ def model_card(loaded: Loaded, folder: Path) -> str:
     final = bool(result.get("finished")) and loaded.step is not None and loaded.step == max_steps
     metrics = (result.get("metrics") or {}) if final else {}
     loss, bpc = metrics.get("val/loss"), metrics.get("val/bpc")
-    trained = "Trained with tinygpt2"
+    start = settings.get("init_from")
+    trained = f"Fine-tuned with tinygpt2 from {start}" if start else "Trained with tinygpt2"
     if data:
         shakespeare = data.get("source") == "shakespeare" and not data.get("path")
         trained += (
@@ -230,7 +231,7 @@ tags: [gpt2, {CARD_TAG}]
 
 A GPT-2 language model: {c.n_layer} layers, {c.n_head} heads, {c.n_embd} wide, {loaded.model.num_parameters():,}
 parameters, a context of {c.block_size} tokens and a vocabulary of {c.vocab_size} tokens
-({tokenizer.get("kind", "its own")} tokenizer; `<|endoftext|>` ends a text and pads a batch).
+({tokenizer_words(tokenizer)}; `<|endoftext|>` ends a text and pads a batch).
 {trained}.{scores}
 
 ## Use
@@ -249,6 +250,18 @@ print(generate(["ROMEO:", "JULIET:"], max_new_tokens=20, do_sample=True))
   sets `max_length` to {c.block_size}; with `max_new_tokens`, keep the prompt short enough.
 - A small model trained on one text: it writes in the manner of that text and knows nothing else.
 """
+
+
+def tokenizer_words(tokenizer: dict) -> str:
+    """The run's tokenizer settings, as the model card names the tokenizer."""
+    kind = tokenizer.get("kind")
+    if kind == "bpe":
+        return "a byte-level BPE tokenizer learnt from the training text"
+    if kind == "char":
+        return "one token per character of the training text"
+    if kind == "pretrained" and tokenizer.get("path"):
+        return f"the tokenizer of {tokenizer['path']}"
+    return "its own tokenizer"
 
 
 def run_result(checkpoint: Path | None) -> dict:

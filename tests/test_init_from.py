@@ -42,6 +42,12 @@ def test_fine_tuning_from_a_folder_saved_by_transformers(transformers_folder, ti
     start, end = tiny_gpt.transformer.wte.weight, tuned.model.transformer.wte.weight
     assert not torch.equal(start, end) and (start - end).abs().max() < 0.05  # trained, from those weights
 
+    exported = tmp_path / "hf"
+    assert run_script("export.py", "--ckpt", str(tmp_path / "run"), "--out", str(exported)).returncode == 0
+    card = (exported / "README.md").read_text(encoding="utf-8")
+    assert f"Fine-tuned with tinygpt2 from {transformers_folder} on {small_text}" in card
+    assert f"(the tokenizer of {transformers_folder};" in card
+
 
 def test_fine_tuning_from_a_checkpoint_with_a_shorter_context(tiny_run, tiny_gpt, small_text, tmp_path):
     overrides = [*RUN, f"data.path={small_text}", f"init_from={tiny_run}", "model.block_size=16", "model.dropout=0.1"]
