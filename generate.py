@@ -71,7 +71,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy; higher = more varied (default 0.8)")
     p.add_argument("--top-k", type=whole_number, default=None, help="sample only among the k most likely tokens")
     p.add_argument("--top-p", type=float, default=None, help="sample only among the most likely tokens holding mass p")
-    p.add_argument("--num-samples", type=whole_number, default=1, help="samples, generated together as one batch (default 1)")
+    p.add_argument(
+        "--num-samples", type=whole_number, default=1, help="samples, generated together as one batch (default 1)"
+    )
     p.add_argument("--seed", type=whole_number, default=1337, help="same seed, same text (sample i uses seed + i)")
     p.add_argument(
         "--stop", action="append", default=[], metavar="STRING", help="stop a sample when it writes STRING (repeatable)"

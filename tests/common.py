@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import functools
 import os
+import re
 import subprocess
 import sys
 import time
@@ -279,6 +280,19 @@ def train_losses(run: Path) -> dict[int, str]:
     steps = [int(row["step"]) for row in rows]
     assert len(steps) == len(set(steps)), "a step was logged twice"
     return {int(row["step"]): row["train/loss"] for row in rows}
+
+
+def validations(run: Path) -> dict[int, str]:
+    """The validation loss logged at each step of a run's metrics.csv, as written; each step logged once."""
+    with open(run / "metrics.csv") as file:
+        steps = [(int(row["step"]), row["val/loss"]) for row in csv.DictReader(file) if row.get("val/loss")]
+    assert len(steps) == len(dict(steps)), "a validation was logged twice"
+    return dict(steps)
+
+
+def sample_steps(run: Path) -> list[int]:
+    """The step of every section of a run's samples.md, in order."""
+    return [int(step) for step in re.findall(r"^## step (\d+), ", (run / "samples.md").read_text(), re.MULTILINE)]
 
 
 def snapshot(folder: Path, itself: bool = True) -> dict[str, tuple]:

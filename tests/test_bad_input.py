@@ -187,11 +187,20 @@ BAD_SETTINGS = [
         "logger.wandb.mode must be one of auto, online, offline, disabled, got 'sometimes'",
     ),
     (["logger.wandb.tags=5"], "logger.wandb.tags must be a list of values"),
+    # wandb's own rules for names, which it checks only as its run is created
+    (["logger.wandb.tags=[ok,'']"], "logger.wandb.tags[1] must be 1 to 64 characters, got ''"),
+    ([f"logger.wandb.tags=[{'x' * 65}]"], "logger.wandb.tags[0] must be 1 to 64 characters"),
+    (["logger.wandb.project="], "logger.wandb.project must be 1 to 128 characters, got ''"),
+    (["logger.wandb.project=me/shakespeare"], "logger.wandb.project cannot hold /, got 'me/shakespeare'"),
     (["+optim.foo=1"], "unknown setting 'optim.foo'"),
     (["optim.lrr=1"], "unknown setting 'optim.lrr' (did you mean optim.lr?)"),
     (["hparams_search=optuna"], "hparams_search is a search over many runs: add -m"),
     (["-m", "optim.lr=1e-3,0"], "optim.lr must be above 0, got 0"),  # every value of a sweep is checked first
     (["-m", "resume=auto"], "resume= continues one run: run it without -m"),
+    # the files of every job are there before the first job starts
+    (["-m", "optim.lr=1e-3,2e-3", "data.path=/no/such.txt"], "data.path /no/such.txt does not exist"),
+    (["-m", "data=text", "data.path=/no/such/*.txt"], "data.path glob '/no/such/*.txt' matches no files"),
+    (["-m", "data=text"], "data=text needs data.path"),
     (["-m", "optim.lr=1e-3,,2e-3"], "cannot read the command line (Error parsing override 'optim.lr=1e-3,,2e-3')"),
     (["-m", "model.n_layer=range(1,3),x"], "cannot read model.n_layer=range(1,3),x"),
     (

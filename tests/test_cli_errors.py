@@ -73,7 +73,9 @@ def test_generate_py_refuses_bad_settings(args, message, tiny_run, capsys, tmp_p
 
 def test_generate_py_counts_as_train_py_takes_them(tiny_run, capsys):
     """1e3 and 2_0 are whole numbers, as in train.py's settings; 1.5 is refused by argparse in one line."""
-    assert generate.main(["--ckpt", str(tiny_run), "--prompt", "ROMEO:", "--max-new-tokens", "2e1", "--seed", "1_0"]) == 0
+    assert (
+        generate.main(["--ckpt", str(tiny_run), "--prompt", "ROMEO:", "--max-new-tokens", "2e1", "--seed", "1_0"]) == 0
+    )
     assert "ROMEO:" in capsys.readouterr().out
     with pytest.raises(SystemExit) as stop:
         generate.main(["--ckpt", str(tiny_run), "--max-new-tokens", "1.5"])

@@ -24,8 +24,10 @@ from .common import (
     checkpoint_weights,
     only_run,
     run_script,
+    sample_steps,
     start_script,
     train_losses,
+    validations,
 )
 
 pytestmark = pytest.mark.slow
@@ -62,6 +64,7 @@ def reference(tmp_path_factory, small_text) -> Path:
         "kill_save:6",  # halfway through writing the step-6 checkpoint
         "kill_save:10",  # halfway through the final checkpoint
         "kill_end:10",  # after the final checkpoint, before the run's end is recorded: only its end is left
+        "kill_val:10",  # as the final validation begins: it and the run's end are left
     ],
 )
 def test_killed_run_resumes_bit_for_bit(failpoint, reference, small_text, tmp_path):
@@ -86,6 +89,8 @@ def test_killed_run_resumes_bit_for_bit(failpoint, reference, small_text, tmp_pa
     assert "train/loss" in result["metrics"]
     assert metrics(run) == metrics(reference)  # the last training values too, where resume= only ended the run
     assert train_losses(run) == train_losses(reference)  # the CSV log continues: every step once, same values
+    assert validations(run) == validations(reference)  # each validation once, at the step it follows
+    assert sample_steps(run) == sample_steps(reference)
     assert not list((run / "checkpoints").glob(".*tmp"))  # the half-written file is gone
     assert (run / ".hydra" / "config.yaml").is_file() and list((run / ".hydra").glob("resume-*"))
 
@@ -108,6 +113,8 @@ def test_a_finished_run_trained_further_and_killed_at_its_new_end_is_finished_by
     assert "stopped before it ended; ending it now" in ended.stderr + ended.stdout
     result = json.loads((run / "result.json").read_text())
     assert result["finished"] is True and result["config"]["trainer"]["max_steps"] == STEPS + 4
+    # each validation logged once, at the step it follows (Lightning's numbering: step - 1), the samples beside it
+    assert list(validations(run)) == [4, 9, STEPS + 3] and sample_steps(run) == [4, 4, 9, 9, STEPS + 3, STEPS + 3]
     again = run_script("train.py", f"resume={run}")
     assert again.returncode != 0 and f"reached trainer.max_steps={STEPS + 4}" in again.stderr
 

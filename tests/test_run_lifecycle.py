@@ -22,6 +22,7 @@ import yaml
 import train
 from training.run import train as train_run
 from training.run_folder import RunFolder, RunFolderError, claim_new_folder
+from training.settings import contradiction
 
 from .common import (
     ROOT,
@@ -31,10 +32,12 @@ from .common import (
     one_error_line,
     run_script,
     runs_under,
+    sample_steps,
     script_environment,
     snapshot,
     start_script,
     train_losses,
+    validations,
 )
 
 pytestmark = pytest.mark.slow
@@ -136,6 +139,8 @@ def test_the_printed_resume_command_continues_the_run_bit_for_bit(small_text, tm
     (done,) = runs_under(tmp_path / "reference")
     assert_bit_equal(run / "checkpoints" / "last.ckpt", done / "checkpoints" / "last.ckpt")
     assert train_losses(run) == train_losses(done)
+    # no validation of its own at the stop: the history is the uninterrupted run's
+    assert validations(run) == validations(done) and sample_steps(run) == sample_steps(done)
     assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == steps
     result = json.loads((run / "result.json").read_text())
     assert (
@@ -161,6 +166,7 @@ def test_a_contradicting_setting_beside_resume_is_refused(small_text, tmp_path):
     contradicting = {
         "logger=wandb": "logger=wandb contradicts the run being resumed",
         "logger=[wandb,csv]": "logger=[wandb,csv] contradicts",
+        "logger=none": f"logger=none contradicts the run being resumed ({run}), whose logger is csv;",
         "optim.lr=1e-2": "optim.lr=0.01 contradicts",
         "seed=7": "seed=7 contradicts",
         "model=nano": "model.n_embd=128 contradicts",  # the preset names every model setting
@@ -175,6 +181,14 @@ def test_a_contradicting_setting_beside_resume_is_refused(small_text, tmp_path):
     }
     for overrides, message in contradicting.items():
         assert message in train.check_command_line([f"resume={run}", *overrides.split()]), overrides
+    # the same trackers, one of their settings changed: that setting is named, not the choice
+    saved, requested = (
+        {"logger": {"wandb": {"name": "orig"}, "csv": {}}},
+        {"logger": {"csv": {}, "wandb": {"name": "b"}}},
+    )
+    assert contradiction("logger.wandb.name", "b", "orig", saved, requested, run).startswith(
+        f"logger.wandb.name='b' contradicts the run being resumed ({run}), whose logger.wandb.name is 'orig';"
+    )
     assert (
         train.check_command_line([f"resume={run / 'checkpoints'}"]) is None
     )  # the checkpoints folder names the run too

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 import time
 from collections import deque
@@ -21,6 +22,7 @@ from generation.session import Sampling, Session
 
 from .flops import device_peak_flops, flops_per_token, record_cpu_rate
 from .module import logging_step
+from .run_folder import write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -92,8 +94,10 @@ class TextSamples(L.Callback):
         temperature: float,
         top_k: int | None,
         seed: int,
+        resume_step: int | None = None,
     ):
         self.path = Path(path)
+        self.resume_step = resume_step
         self.tokenizer = Tokenizer.from_str(tokenizer_json)
         self.prompts = list(prompts) or [""]
         self.sampling = Sampling(max_new_tokens, temperature, top_k)
@@ -103,6 +107,19 @@ class TextSamples(L.Callback):
         """The prompt and its continuation, as `generate.py` would write it with the same settings."""
         generator = torch.Generator(device=model.transformer.wte.weight.device).manual_seed(self.seed)
         return prompt + Session(model, self.tokenizer).complete(prompt, self.sampling, 1, [generator]).texts[0]
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        """A resumed run's samples.md keeps what was written before the checkpoint it continues from, as
+        metrics.csv does: the samples of validations logged at or after its step are written again."""
+        if self.resume_step is None or not trainer.is_global_zero or not self.path.is_file():
+            return
+        text = self.path.read_text(encoding="utf-8")
+        for header in re.finditer(r"^## step (\d+), ", text, re.MULTILINE):
+            # a section starts the file or follows the closing fence of the one before
+            starts_section = header.start() == 0 or text[: header.start()].endswith("```\n\n")
+            if starts_section and int(header.group(1)) >= self.resume_step:
+                write_atomically(self.path, text[: header.start()])
+                return
 
     def on_validation_end(self, trainer, pl_module) -> None:
         if trainer.sanity_checking or not trainer.is_global_zero:

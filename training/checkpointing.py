@@ -148,18 +148,30 @@ class PeriodicCheckpoints(L.Callback):
     def __init__(self, folder: RunFolder, every_n_steps: int, keep: int):
         self.folder, self.every_n_steps, self.keep = folder, every_n_steps, keep
         self.saved_step = -1
+        self.validated_since = False  # a validation ran after the checkpoint of saved_step was written
+        self.at_end = False
+        self.stopped_at: int | None = None  # the step a signal stopped the run at (see GracefulStop)
 
     def save(self, trainer: L.Trainer) -> Path:
         """Checkpoint the current state (every process must call this; rank 0 writes)."""
         path = self.folder.step_checkpoint(trainer.global_step)
-        if self.saved_step == trainer.global_step:
+        ended = self.at_end and self.stopped_at is None
+        if self.saved_step == trainer.global_step and not (ended and self.validated_since):
             return path
         trainer.save_checkpoint(path, weights_only=False)  # the whole state: weights, optimizer, loops
-        self.saved_step = trainer.global_step
+        self.saved_step, self.validated_since = trainer.global_step, False
         if trainer.is_global_zero:
             link_last(self.folder.last, path)
             self.prune()
         return path
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
+        if self.at_end and self.stopped_at is None:
+            # Lightning counts a checkpoint's logged steps (_batches_that_stepped) as not yet advanced past
+            # its last batch, as they are when one is written during training, and adds one on resuming;
+            # after training they are: without this, a run trained further logs each validation a step late
+            loop = checkpoint["loops"]["fit_loop"]["epoch_loop.state_dict"]
+            loop["_batches_that_stepped"] -= 1
 
     def prune(self) -> None:
         steps = self.folder.step_checkpoints()
@@ -178,8 +190,15 @@ class PeriodicCheckpoints(L.Callback):
         if step > 0 and step % self.every_n_steps == 0 and step != self.saved_step:
             self.save(trainer)
 
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if trainer.global_step == self.saved_step and not trainer.sanity_checking:
+            self.validated_since = True
+
     def on_train_end(self, trainer, pl_module) -> None:
-        self.save(trainer)  # the final state, whatever the step
+        # the final state, whatever the step, after the final validation (written again if the step's
+        # file was written before it), so that a run stopped before its end is recorded is only ended
+        self.at_end = True
+        self.save(trainer)
         if failpoints.active("kill_end", trainer.global_step):
             failpoints.kill_now()
 
@@ -233,8 +252,13 @@ class GracefulStop(L.Callback):
             requested = trainer.strategy.reduce_boolean_decision(requested, all=False)
         if requested and self.stopped_at is None:
             self.saved = self.checkpoints.save(trainer)
-            self.stopped_at = trainer.global_step
+            self.stopped_at = self.checkpoints.stopped_at = trainer.global_step
+            # Lightning validates whenever should_stop is set; a stop validates only where the run would
+            # have anyway, so that it comes at once and a resumed run's history is an uninterrupted one's
+            epoch_loop = trainer.fit_loop.epoch_loop
+            scheduled = epoch_loop._should_check_val_fx(trainer.fit_loop._data_fetcher)
             trainer.should_stop = True
+            epoch_loop._skip_next_val = not scheduled
 
     def on_train_end(self, trainer, pl_module) -> None:
         self.restore()

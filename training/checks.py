@@ -95,12 +95,18 @@ class Choice:
 @dataclass(frozen=True)
 class Text:
     optional: bool = False
+    most: int | None = None  # characters at most, and at least one (a tracker's rule for a name)
+    without: str = ""  # characters the text may not hold
 
     def check(self, key: str, value: Any) -> None:
         if value is None and self.optional:
             return
         if not isinstance(value, str):
             raise SettingError(f"{key} must be text, got {shown(value)}")
+        if self.most is not None and not 1 <= len(value) <= self.most:
+            raise SettingError(f"{key} must be 1 to {self.most} characters, got {shown(value)}")
+        if found := sorted({c for c in value if c in self.without}):
+            raise SettingError(f"{key} cannot hold {' '.join(found)}, got {shown(value)}")
 
 
 @dataclass(frozen=True)
@@ -314,10 +320,11 @@ SPEC: dict[str, Any] = {
     "data.val_split": Text(optional=True),
     "data.revision": Text(optional=True),
     "data.streaming": Flag(),
-    "logger.wandb.project": Text(),
+    # wandb's own rules, checked before anything starts: they fail only once its run is being created
+    "logger.wandb.project": Text(most=128, without="/\\#?%:"),
     "logger.wandb.name": Text(optional=True),
     "logger.wandb.group": Text(optional=True),
-    "logger.wandb.tags": ListOf(Text()),
+    "logger.wandb.tags": ListOf(Text(most=64)),
     "logger.wandb.mode": Choice(("auto", "online", "offline", "disabled")),
     "logger.wandb.log_model": Flag(),
     "logger.csv": dict,

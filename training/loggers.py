@@ -144,14 +144,15 @@ def build_loggers(logger_cfg: dict[str, Any] | None, folder: RunFolder, resume_s
         elif name == "wandb":
             loggers.append(make_wandb(cfg, folder))
         elif name == "tensorboard":
-            purge = {} if resume_step is None else {"purge_step": resume_step}
+            # a session start in every event file, the first too: TensorBoard takes a later one as a restart
+            # and drops what the first logged at or after its step, as it does not the first it reads
             loggers.append(
                 SettingsTensorBoardLogger(
                     save_dir=str(folder.path),
                     name=folder.tensorboard.name,
                     version="",
                     default_hp_metric=False,
-                    **purge,
+                    purge_step=resume_step or 0,
                 )
             )
         else:

@@ -80,6 +80,8 @@ class GPTModule(L.LightningModule):
         self.train_values: dict[str, Any] = {}  # this step's values for the loggers (see log_train)
         self.step_losses: list[torch.Tensor] = []  # the losses of a logged step's micro-batches
         self.latest_train_values: dict[str, float] = {}  # the last ones sent: the progress bar's, the result's
+        self.latest_val_values: dict[str, float] = {}  # the last validation's, and the step it followed
+        self.validated_step = -1
         self.logged_step = -1
         self.max_steps = max_steps
         self.val_tokens_per_char = val_tokens_per_char
@@ -153,6 +155,8 @@ class GPTModule(L.LightningModule):
             logger.save()
 
     def on_validation_epoch_start(self) -> None:
+        if not self.trainer.sanity_checking and failpoints.active("kill_val", self.trainer.global_step):
+            failpoints.kill_now()
         self.val_loss_sum = torch.zeros((), device=self.device, dtype=torch.float64)
         self.val_token_count = torch.zeros((), device=self.device, dtype=torch.float64)
         self.val_batches_behind = self.batches_behind() if self.sharded else 0
@@ -172,7 +176,15 @@ class GPTModule(L.LightningModule):
         self.log("val/loss", loss, prog_bar=True, sync_dist=True)  # equal on every process already
         self.log("val/perplexity", torch.exp(loss), sync_dist=True)
         # bits per character: mean nats per token, times tokens per character, over ln 2
-        self.log("val/bpc", loss * self.val_tokens_per_char / math.log(2), prog_bar=True, sync_dist=True)
+        bpc = loss * self.val_tokens_per_char / math.log(2)
+        self.log("val/bpc", bpc, prog_bar=True, sync_dist=True)
+        if not self.trainer.sanity_checking:
+            self.latest_val_values = {
+                "val/loss": float(loss),
+                "val/perplexity": float(torch.exp(loss)),
+                "val/bpc": float(bpc),
+            }
+            self.validated_step = self.trainer.global_step
 
     def batches_behind(self) -> int:
         """How many fewer validation batches this process has than the one with the most (the windows
@@ -313,7 +325,12 @@ class GPTModule(L.LightningModule):
         checkpoint.update(describe_model(self.model.config, self.tokenizer_json, self.run_config))
         checkpoint["rng_states"] = rng_states()
         checkpoint["nonfinite"] = {"skipped": self.skipped_steps, "in_a_row": self.nonfinite_in_a_row}
-        checkpoint["train_values"] = dict(self.latest_train_values)  # a run ended by resume= reports them
+        # what a run that resume= only ends reports, and whether its final validation is still to run
+        checkpoint["latest_values"] = {
+            "train": dict(self.latest_train_values),
+            "val": dict(self.latest_val_values),
+            "validated_step": self.validated_step,
+        }
 
     def nonfinite_parameter(self) -> str | None:
         """The name of the first parameter holding a NaN or an inf, or None. Sharded, each process
@@ -333,7 +350,9 @@ class GPTModule(L.LightningModule):
         self.skipped_steps, self.nonfinite_in_a_row = counts.get("skipped", 0), counts.get("in_a_row", 0)
         self.nonfinite = torch.tensor([self.skipped_steps, self.nonfinite_in_a_row, self.nonfinite_in_a_row])
         self.settled_step = checkpoint.get("global_step", 0)
-        self.latest_train_values = dict(checkpoint.get("train_values", {}))
+        latest = checkpoint.get("latest_values", {})
+        self.latest_train_values, self.latest_val_values = dict(latest.get("train", {})), dict(latest.get("val", {}))
+        self.validated_step = latest.get("validated_step", -1)
 
     @classmethod
     def load_from_checkpoint(

@@ -181,12 +181,12 @@ def fit(
     data = build_data(settings)
     try:
         trainer.fit(module, datamodule=data, ckpt_path=settings.resume_from, weights_only=True)
-        if settings.resume_step is not None and settings.resume_step == settings.max_steps:
-            # stopped after its last step, before its end: fit had no step to train, so validate here
+        if settings.resume_step == settings.max_steps and module.validated_step != settings.max_steps:
+            # stopped after its last step, before its final validation: fit had no step to train
             trainer.validate(module, datamodule=data, verbose=False)
     finally:
         finish_loggers(loggers)
-    metrics = dict(module.latest_train_values)
+    metrics = {**module.latest_train_values, **module.latest_val_values}
     metrics.update({k: float(v) for k, v in trainer.callback_metrics.items() if torch.is_tensor(v) and v.numel() == 1})
     return RunResult(
         run_dir=folder.path,
@@ -284,6 +284,7 @@ def build_callbacks(settings: RunSettings, folder: RunFolder) -> list[L.Callback
                 samples["temperature"],
                 samples["top_k"],
                 samples["seed"],
+                settings.resume_step,
             )
         )
     return callbacks

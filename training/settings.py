@@ -588,7 +588,8 @@ def differs(key: str, want: Any, have: Any) -> bool:
 
 
 def contradiction(key: str, want: Any, have: Any, saved: dict[str, Any], requested: dict[str, Any], run: Path) -> str:
-    if key.startswith("logger."):  # a tracker added or dropped: the logger choice differs
+    trackers_differ = set(requested.get("logger") or {}) != set(saved.get("logger") or {})
+    if (key == "logger" or key.startswith("logger.")) and trackers_differ:  # a tracker added or dropped
         given, key, have = f"logger={logger_choice(requested)}", "logger", logger_choice(saved)
     else:
         given = f"~{key}" if want is ABSENT else f"{key}={shown(want)}"
