@@ -37,16 +37,19 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from data.sources import check_files
 from generation.checkpoint import CheckpointError, read_header
-from training.checks import SettingError, check_writable, trainer_parameters
+from training.checks import ABSENT, SettingError, check_writable, lookup, trainer_parameters
 from training.errors import USER_ERRORS, CheckpointSaveError
 from training.run_folder import (
     SWEEPS_ROOT,
+    Claim,
     RunFolder,
     RunFolderError,
     adopt,
     claim,
     claim_new_folder,
+    claim_sweep,
     folder_of,
     launcher_folder,
     launcher_restarted,
@@ -341,9 +344,10 @@ class Launch:
                     + (f"; give the search range as {instead}={values}" if instead != key else "")
                 )
         fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
-        searched = composer.compose(
+        composed = composer.compose(
             fixed + [o.input_line for o in hydra_parsed if not o.is_sweep_override()], with_hydra=True
-        )["hydra"]
+        )
+        searched = composed["hydra"]
         sweeper = searched.get("sweeper") or {}
         if isinstance(sweeper.get("n_trials"), int) and sweeper["n_trials"] < 1:
             raise CommandLineError(f"hydra.sweeper.n_trials must be at least 1, got {sweeper['n_trials']}")
@@ -356,10 +360,14 @@ class Launch:
             },
         }
         given = {o.key_or_group for o in parsed}
-        search = [f"{key}={values}" for key, values in space.items() if key not in given]
+        missing = [key for key in space if key not in given and lookup(composed, key) is ABSENT]
+        if missing:  # the search space's, where a chosen group has no such setting (tokenizer=char: vocab_size)
+            print(f"not searched, as the settings chosen have no such setting: {', '.join(missing)}", file=sys.stderr)
+        search = [f"{key}={values}" for key, values in space.items() if key not in given and key not in missing]
         combinations = sweep_combinations(self.user + search)
         for combination in combinations:
-            check(composer.compose(combination))
+            values, _ = check(composer.compose(combination))
+            check_files(values["data"])
         searching = "optuna" in str(sweeper.get("_target_", "")).lower()
         for line, key, values in interval_sweeps(self.user + search):
             if not searching:
@@ -386,11 +394,19 @@ class Launch:
             )
         if self.hydra.get("hydra.sweep.dir"):
             folder = Path(self.hydra["hydra.sweep.dir"]).expanduser()
+            owner = RunFolder(folder).held_by() if folder.is_dir() else None
+            if owner:
+                raise RunFolderError(
+                    f"hydra.sweep.dir={folder} is the folder of a sweep under way ({owner}); choose a new or "
+                    "empty folder"
+                )
             if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
                 raise RunFolderError(
                     f"hydra.sweep.dir={folder} is not empty; a sweep writes numbered run folders and a "
                     "summary there, so choose a new or empty folder"
                 )
+            if self.claim_folders:
+                claim_sweep(Claim.make(RunFolder(folder)))
             return self.args
         if not self.claim_folders:
             return self.args
@@ -398,7 +414,7 @@ class Launch:
         if shared is not None:  # the launch's other processes may already be starting their jobs in it
             check_launch_sweep(shared.path)
             return [*self.args, f"hydra.sweep.dir={shared.path}"]
-        return [*self.args, f"hydra.sweep.dir={claim_new_folder(SWEEPS_ROOT).folder.path}"]
+        return [*self.args, f"hydra.sweep.dir={claim_sweep(claim_new_folder(SWEEPS_ROOT)).folder.path}"]
 
     def sweep_of_launch(self) -> list[str]:
         """-m in a process the first of a launch did not start: torchrun's and SLURM's derive the sweep

@@ -48,21 +48,36 @@ class Source:
     fallback: str | None = None  # why the text asked for is not to be had, when this one stands in for it
 
 
+def no_path() -> DataError:
+    return DataError("data=text needs data.path: a file, a folder or a glob of .txt, .jsonl, .csv or .parquet files")
+
+
 def describe(cfg) -> Source:
     kind = cfg.source
     if kind == "shakespeare":
         return shakespeare_source(cfg)
     if kind == "text":
         if not cfg.get("path"):
-            raise DataError(
-                "data=text needs data.path: a file, a folder or a glob of .txt, .jsonl, .csv or .parquet files"
-            )
+            raise no_path()
         return files_source(cfg, cfg.path)
     if kind == "hub":
         return hub_source(cfg)
     if kind == "pydoc":
         return pydoc_source(cfg)
     raise DataError(f"unknown data.source {kind!r}; use text, hub, shakespeare or pydoc")
+
+
+def check_files(cfg) -> None:
+    """That the files data.path and data.val_path name are there, without reading them: what a sweep
+    checks of every job before the first starts (a job's run finds the rest)."""
+    if cfg.get("source") not in ("text", "shakespeare"):
+        return
+    if cfg.get("source") == "text" and not cfg.get("path"):
+        raise no_path()
+    fmt = cfg.get("format", "auto")
+    for setting in ("path", "val_path"):
+        if cfg.get(setting):
+            expand_paths(cfg[setting], f"data.{setting}", fmt)
 
 
 # ---- local files -------------------------------------------------------------------------------------

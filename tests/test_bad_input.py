@@ -467,3 +467,15 @@ def test_a_sample_prompt_the_tokenizer_cannot_take_is_refused_before_training(sm
     )
     assert not (tmp_path / "outputs").exists()
     assert not any((tmp_path / "cache").rglob("meta.json"))  # the token cache entry made for it went too
+
+
+@pytest.mark.slow  # every combination of the search is composed and checked
+def test_a_search_leaves_out_what_the_settings_chosen_do_not_have(capsys):
+    """hparams_search=optuna searches tokenizer.vocab_size, which tokenizer=char has not: the search goes on
+    without it, and says so, rather than refusing a setting the command line never named."""
+    for chosen in ("tokenizer=char", "experiment=shakespeare_char_cpu"):
+        assert train.check_command_line(["-m", "hparams_search=optuna", chosen]) is None, chosen
+        assert (
+            "not searched, as the settings chosen have no such setting: tokenizer.vocab_size" in capsys.readouterr().err
+        )
+    assert train.check_command_line(["-m", "hparams_search=optuna", "tokenizer=char", "tokenizer.vocab_size=300"])

@@ -334,18 +334,77 @@ def test_a_sweep_stopped_by_ctrl_c_and_its_job_continued_as_printed(small_text, 
     assert "optim.lr=0.001" in result["overrides"] and result["resumed_with"][0].startswith("resume=")
 
 
+def test_ctrl_c_before_a_sweep_job_has_a_checkpoint_takes_the_sweep_back(small_text, tmp_path):
+    """Ctrl-C at moments from the imports to a job's first steps leaves no sweep folder (nor Hydra's job
+    folder) without a run in it, so the same command runs again; a stop once training runs keeps the job."""
+    args = [
+        "-m",
+        *run_args(small_text, "trainer.max_steps=100000", "checkpoint.every_n_steps=1000"),
+        "optim.lr=1e-3,2e-3",
+    ]
+    for delay in (1.5, 3.0, 4.0, 5.0, 6.0, 8.0):
+        sweep = tmp_path / f"sweep-{delay}"
+        env = {**os.environ, "TINYGPT2_CACHE": str(tmp_path / f"cache-{delay}")}  # each start tokenizes anew
+        proc = start_script(
+            "train.py",
+            *args,
+            f"hydra.sweep.dir={sweep}",
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        try:
+            time.sleep(delay)
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=300)
+        finally:  # a sweep that missed its Ctrl-C would train on after the test failed
+            proc.kill()
+        assert "Traceback" not in err and proc.returncode in (0, 130, -signal.SIGINT), (delay, err[-2000:])
+        if sweep.exists():  # stopped in training: the job is kept, with its checkpoint
+            assert proc.returncode == 0 and any((sweep / "0" / "checkpoints").glob("*.ckpt")), (delay, err[-2000:])
+        elif proc.returncode == 130:  # (-SIGINT: stopped during the imports, before anything was made)
+            assert err.rstrip().splitlines()[-1].startswith("stopped before"), err[-500:]
+    assert not (tmp_path / "multirun").exists()
+
+
+def test_a_second_sweep_into_the_folder_of_one_under_way_is_refused(small_text, tmp_path):
+    sweep = tmp_path / "shared"
+    args = ["-m", *run_args(small_text), f"hydra.sweep.dir={sweep}"]
+    first = start_script(
+        "train.py", *args, "optim.lr=1e-3,2e-3", cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    deadline = time.time() + 300
+    while not (sweep / ".lock").exists() and first.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
+    second = run_script("train.py", *args, "optim.lr=5e-3,6e-3", cwd=tmp_path)
+    out, err = finish(first)
+    assert first.returncode == 0, err[-2000:]
+    assert second.returncode == 1
+    assert one_error_line(second.stderr).startswith(
+        f"error: hydra.sweep.dir={sweep} is the folder of a sweep under way"
+    )
+    rows = list(csv.DictReader(open(sweep / "summary.csv")))
+    assert [r["optim.lr"] for r in rows] == ["0.001", "0.002"]  # the first sweep's jobs, each run
+
+
 def test_an_optuna_search_records_every_trial_and_the_best(small_text, tmp_path):
     proc = run_script(
         "train.py",
         "-m",
         "hparams_search=optuna",
         "hydra.sweeper.n_trials=2",
+        "hydra.sweeper.storage=sqlite:///search.db",  # as configs/hparams_search/optuna.yaml offers
         *TINY_OVERRIDES,
         f"data.path={small_text}",
         "trainer.max_time=null",
         cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
+    import optuna  # the study is kept, to be continued by a later sweep
+
+    (study,) = optuna.get_all_study_summaries(storage=f"sqlite:///{tmp_path / 'search.db'}")
+    assert study.n_trials == 2
     (sweep,) = (tmp_path / "multirun").glob("*/*")
     assert sorted(p.name for p in sweep.iterdir() if p.is_dir()) == ["0", "1"]
     summary = json.loads((sweep / "summary.json").read_text())

@@ -322,7 +322,7 @@ def take_back_claims() -> list[RunFolder]:
     """Ctrl-C before a run began: every folder this process claimed is taken back, but for those that
     hold a checkpoint, which are only unlocked and returned."""
     kept = []
-    for taken in list(_CLAIMS.values()):
+    for taken in reversed(list(_CLAIMS.values())):  # a sweep's job before the sweep
         taken.take_back()
         if taken.folder.has_checkpoint():
             kept.append(taken.folder)
@@ -352,6 +352,12 @@ def adopt(made: Claim) -> Claim:
     made.folder.lock()
     _CLAIMS[str(made.folder.path)] = made
     return made
+
+
+def claim_sweep(made: Claim) -> Claim:
+    """Register a sweep folder (new, or one that was empty) as this process's, locked, so that a second
+    sweep pointed at it is refused and a stop before any of its jobs holds a run takes it back."""
+    return adopt(SweepClaim(made.folder, made.made, made.before))
 
 
 def step_of(checkpoint: Path) -> int:
@@ -507,7 +513,7 @@ class Claim:
         run may have started in them meanwhile), else the files it added to an existing folder. A
         folder that holds a run is never removed."""
         self.release()
-        if self.folder.has_checkpoint():
+        if self.keeps():
             return
         if self.made:
             shutil.rmtree(self.folder.path, ignore_errors=True)
@@ -517,6 +523,9 @@ class Claim:
             if entry.name not in self.before:
                 shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink(missing_ok=True)
 
+    def keeps(self) -> bool:
+        return self.folder.has_checkpoint()
+
     def remove_empty_folders(self) -> None:
         for folder in reversed(self.made):
             try:
@@ -525,3 +534,12 @@ class Claim:
                 continue
             except OSError:  # not empty: another run started in it meanwhile
                 break
+
+
+class SweepClaim(Claim):
+    """A sweep folder: kept once any of its jobs holds a run or a result; until then, taking it back
+    takes the jobs' folders too (Hydra's record of the job and its log, made before the job's own claim)."""
+
+    def keeps(self) -> bool:
+        jobs = [RunFolder(p) for p in self.folder.path.iterdir() if p.is_dir()] if self.folder.path.is_dir() else []
+        return any(job.holds_run() or job.result_file.is_file() for job in jobs)
