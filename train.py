@@ -137,12 +137,8 @@ class Composer:
                 raise CommandLineError(f"{said}; choose one of: {', '.join(options)}") from None
             raise CommandLineError(lines[0]) from None
         except OverrideParseException as err:
-            home = next((o for o in overrides if re.fullmatch(r"[\w.+]+=~/.*", o)), None)
-            if home is not None:  # Hydra's grammar reads a leading ~ as an operator, and the shell left it
-                key, value = home.split("=", 1)
-                raise CommandLineError(
-                    f"{home}: a value cannot start with ~ on this command line; write {key}=$HOME/{value[2:]}"
-                ) from None
+            if (home := tilde_error(overrides)) is not None:
+                raise home from None
             raise CommandLineError(
                 f"cannot read the command line ({str(err).splitlines()[0]}); write overrides as key=value"
             ) from None
@@ -332,7 +328,7 @@ class Launch:
         """-m: every value of every swept setting is checked (of the command line, and the choices of a
         search such as hparams_search=optuna), then the sweep gets one new folder, unless
         hydra.sweep.dir names one."""
-        if any(o.lstrip("+").split("=")[0] == "resume" for o in self.user):
+        if any(o.lstrip("+").split("=")[0] == "resume" and o.split("=", 1)[1] not in ("", "null") for o in self.user):
             raise CommandLineError("resume= continues one run: run it without -m (python train.py resume=RUN)")
         parsed, hydra_parsed = parse_overrides(self.user), parse_overrides(self.hydra_overrides)
         for override in hydra_parsed:
@@ -425,12 +421,23 @@ class Launch:
         return [*self.args, f"hydra.sweep.dir={shared.path}"]
 
 
+def tilde_error(overrides: list[str]) -> CommandLineError | None:
+    """Hydra's grammar reads a leading ~ of a value as an operator, where the shell left it (key=~/x)."""
+    home = next((o for o in overrides if re.fullmatch(r"[\w.+]+=~/.*", o)), None)
+    if home is None:
+        return None
+    key, value = home.split("=", 1)
+    return CommandLineError(f"{home}: a value cannot start with ~ on this command line; write {key}=$HOME/{value[2:]}")
+
+
 def parse_overrides(overrides: list[str]):
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     try:
         return OverridesParser.create().parse_overrides(overrides)
     except Exception as err:  # Hydra's OverrideParseException, or a value its grammar reads but cannot type
+        if (home := tilde_error(overrides)) is not None:
+            raise home from None
         raise CommandLineError(
             f"cannot read the command line ({str(err).splitlines()[0]}); write overrides as key=value, "
             "and swept values as key=a,b,c"

@@ -197,6 +197,7 @@ BAD_SETTINGS = [
     (["hparams_search=optuna"], "hparams_search is a search over many runs: add -m"),
     (["-m", "optim.lr=1e-3,0"], "optim.lr must be above 0, got 0"),  # every value of a sweep is checked first
     (["-m", "resume=auto"], "resume= continues one run: run it without -m"),
+    (["-m", "hydra.sweep.dir=~/s", "optim.lr=1e-3,2e-3"], "hydra.sweep.dir=~/s: a value cannot start with ~ on this"),
     # the files of every job are there before the first job starts
     (["-m", "optim.lr=1e-3,2e-3", "data.path=/no/such.txt"], "data.path /no/such.txt does not exist"),
     (["-m", "data=text", "data.path=/no/such/*.txt"], "data.path glob '/no/such/*.txt' matches no files"),

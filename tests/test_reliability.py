@@ -321,3 +321,14 @@ def test_resuming_from_a_truncated_checkpoint_says_so(reference, small_text, tmp
     last_line = proc.stderr.strip().splitlines()[-1]
     assert last_line.startswith(f"error: cannot resume from {broken}: it is truncated or corrupted")
     assert "Traceback" not in proc.stderr
+
+
+def test_a_sweep_records_its_diverged_jobs_and_goes_on_and_fails_when_none_finished(small_text, tmp_path):
+    sweep = tmp_path / "sweep"
+    extra = ("optim.max_nonfinite_in_a_row=3", "checkpoint.every_n_steps=50", f"hydra.sweep.dir={sweep}")
+    proc = run_script("train.py", "-m", *args_for(small_text, *extra), "optim.lr=1e-3,2e-3", failpoint="nan:1-10")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr  # a script's `&& next step` stops here
+    assert "no job of the sweep finished" in proc.stdout + proc.stderr
+    rows = list(csv.DictReader(open(sweep / "summary.csv")))  # both jobs ran, each recorded with its error
+    assert [(r["optim.lr"], r["best"]) for r in rows] == [("0.001", ""), ("0.002", "")]
+    assert all(r["finished"].startswith("training diverged: 3 steps in a row") for r in rows)

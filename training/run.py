@@ -327,6 +327,7 @@ def quiet_known_warnings() -> None:
         r".*does not have many workers.*",  # num_workers=0 is the fast choice on a small CPU
         r".*GPU available but not used.*",
         r"Experiment logs directory .* exists and is not empty.*",  # the CSV log shares the run folder
+        r"Checkpoint directory .* exists and is not empty.*",  # a resumed run's own checkpoints
         r".*isinstance\(treespec, LeafSpec\)` is deprecated.*",  # inside Lightning, with newer torch
         r".*resuming from a checkpoint that ended before the epoch ended.*",  # StepSampler restarts the data order
     ):

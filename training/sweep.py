@@ -12,6 +12,7 @@ import csv
 import json
 import logging
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -154,7 +155,7 @@ class SweepSummary(Callback):
         summary = summarize(sweep_dir)
         if summary is None:
             log.warning("no run of the sweep in %s finished; no summary written", sweep_dir)
-            return
+            sys.exit(1)  # as a single run that fails: a script's next command does not go on
         log.info("sweep summary: %s", sweep_dir / "summary.csv")
         swept = swept_settings(summary["runs"], sweep_dir)
         for r in summary["runs"]:
@@ -163,6 +164,9 @@ class SweepSummary(Callback):
                 "error", ""
             )
             log.info("  %s  %s  %s", Path(r["run_dir"]).name, settings, metrics)
+        if not any(r["finished"] for r in summary["runs"]):
+            log.error("no job of the sweep finished (their errors are above and in %s)", sweep_dir / "summary.csv")
+            sys.exit(1)
         if summary["best"]:
             best = summary["best"]
             log.info(
