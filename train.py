@@ -328,7 +328,9 @@ class Launch:
         """-m: every value of every swept setting is checked (of the command line, and the choices of a
         search such as hparams_search=optuna), then the sweep gets one new folder, unless
         hydra.sweep.dir names one."""
-        if any(o.lstrip("+").split("=")[0] == "resume" and o.split("=", 1)[1] not in ("", "null") for o in self.user):
+        if any(
+            o.lstrip("+").partition("=")[0] == "resume" and o.partition("=")[2] not in ("", "null") for o in self.user
+        ):
             raise CommandLineError("resume= continues one run: run it without -m (python train.py resume=RUN)")
         parsed, hydra_parsed = parse_overrides(self.user), parse_overrides(self.hydra_overrides)
         for override in hydra_parsed:
@@ -356,10 +358,10 @@ class Launch:
             },
         }
         given = {o.key_or_group for o in parsed}
-        missing = [key for key in space if key not in given and lookup(composed, key) is ABSENT]
-        if missing:  # the search space's, where a chosen group has no such setting (tokenizer=char: vocab_size)
-            print(f"not searched, as the settings chosen have no such setting: {', '.join(missing)}", file=sys.stderr)
-        search = [f"{key}={values}" for key, values in space.items() if key not in given and key not in missing]
+        missing = next((key for key in space if key not in given and lookup(composed, key) is ABSENT), None)
+        if missing is not None:  # a setting of the search space that a chosen group has not (tokenizer=char)
+            raise CommandLineError(search_lacks(missing, composed, self.user))
+        search = [f"{key}={values}" for key, values in space.items() if key not in given]
         combinations = sweep_combinations(self.user + search)
         for combination in combinations:
             values, _ = check(composer.compose(combination))
@@ -419,6 +421,20 @@ class Launch:
         if shared is None or self.hydra.get("hydra.sweep.dir"):
             return self.args
         return [*self.args, f"hydra.sweep.dir={shared.path}"]
+
+
+def search_lacks(key: str, composed: dict, user: list[str]) -> str:
+    """Why a search cannot run: its space names a setting the groups chosen do not have."""
+    search = next((o.lstrip("+") for o in user if o.lstrip("+").split("=")[0] in SEARCH_GROUPS), "the search")
+    group = key.split(".")[0]
+    kind = (composed.get(group) or {}).get("kind") if isinstance(composed.get(group), dict) else None
+    chosen = f"{group}={kind}" if kind else "the settings chosen"
+    name = search.split("=", 1)[-1]
+    return (
+        f"{search} searches {key}, which {chosen} does not have; search with a space of your own: a copy of "
+        f"configs/hparams_search/{name}.yaml without {key}, as configs/hparams_search/mine.yaml, then "
+        "hparams_search=mine"
+    )
 
 
 def tilde_error(overrides: list[str]) -> CommandLineError | None:

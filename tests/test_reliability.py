@@ -119,6 +119,38 @@ def test_a_finished_run_trained_further_and_killed_at_its_new_end_is_finished_by
     assert again.returncode != 0 and f"reached trainer.max_steps={STEPS + 4}" in again.stderr
 
 
+def test_a_run_ended_and_trained_further_twice_logs_each_validation_at_the_step_it_follows(small_text, tmp_path):
+    """Ends that fall between validations (6 and 12, validating every 5): each end validates, and every
+    validation is logged at the step it follows, minus one (Lightning's numbering), across the resumes."""
+    run = tmp_path / "run"
+    first = run_script("train.py", *args_for(small_text, "trainer.max_steps=6"), f"hydra.run.dir={run}")
+    assert first.returncode == 0, first.stderr[-2000:]
+    for steps in (12, 18):
+        further = run_script("train.py", f"resume={run}", f"trainer.max_steps={steps}")
+        assert further.returncode == 0, further.stderr[-2000:]
+    after = [5, 6, 10, 12, 15, 18]  # the steps validated after
+    assert list(validations(run)) == [step - 1 for step in after]
+    assert sample_steps(run) == [step - 1 for step in after for _ in range(2)]  # two prompts each
+
+
+@pytest.mark.parametrize("step", [5, 7, STEPS])  # a validation step, another, the last
+def test_ctrl_c_at_a_step_adds_no_validation_and_the_printed_resume_ends_the_run_as_never_stopped(
+    step, reference, small_text, tmp_path
+):
+    run = tmp_path / "run"
+    stopped = run_script("train.py", *args_for(small_text), f"hydra.run.dir={run}", failpoint=f"sigint:{step}")
+    assert stopped.returncode == 0, stopped.stderr[-2000:]
+    if step < STEPS:
+        assert f"stopped by SIGINT at step {step}" in stopped.stdout + stopped.stderr
+        resumed = run_script("train.py", f"resume={run}")
+        assert resumed.returncode == 0, resumed.stderr[-2000:]
+    # at the last step the run ends there anyway: it records its end, with nothing to continue
+    assert json.loads((run / "result.json").read_text())["finished"] is True
+    assert validations(run) == validations(reference) and sample_steps(run) == sample_steps(reference)
+    assert train_losses(run) == train_losses(reference)
+    assert_bit_equal(run / "checkpoints" / "last.ckpt", reference / "checkpoints" / "last.ckpt")
+
+
 def test_resuming_from_an_earlier_checkpoint_sets_the_later_ones_aside(small_text, tmp_path):
     """resume= at an earlier checkpoint starts a new history from there; a later resume= of the run must
     continue that one, not the checkpoints the first history left."""

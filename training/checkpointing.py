@@ -165,14 +165,6 @@ class PeriodicCheckpoints(L.Callback):
             self.prune()
         return path
 
-    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
-        if self.at_end and self.stopped_at is None:
-            # Lightning counts a checkpoint's logged steps (_batches_that_stepped) as not yet advanced past
-            # its last batch, as they are when one is written during training, and adds one on resuming;
-            # after training they are: without this, a run trained further logs each validation a step late
-            loop = checkpoint["loops"]["fit_loop"]["epoch_loop.state_dict"]
-            loop["_batches_that_stepped"] -= 1
-
     def prune(self) -> None:
         steps = self.folder.step_checkpoints()
         for old in steps[: max(0, len(steps) - self.keep)]:
@@ -250,6 +242,8 @@ class GracefulStop(L.Callback):
         requested = self.requested is not None
         if trainer.world_size > 1:
             requested = trainer.strategy.reduce_boolean_decision(requested, all=False)
+        if 0 < trainer.max_steps <= trainer.global_step:
+            return  # the last step: the run ends here anyway, and records its end
         if requested and self.stopped_at is None:
             self.saved = self.checkpoints.save(trainer)
             self.stopped_at = self.checkpoints.stopped_at = trainer.global_step
@@ -257,6 +251,8 @@ class GracefulStop(L.Callback):
             # have anyway, so that it comes at once and a resumed run's history is an uninterrupted one's
             epoch_loop = trainer.fit_loop.epoch_loop
             scheduled = epoch_loop._should_check_val_fx(trainer.fit_loop._data_fetcher)
+            if trainer.world_size > 1:  # (a validation every so much time: each process has its own clock)
+                scheduled = trainer.strategy.reduce_boolean_decision(scheduled, all=False)
             trainer.should_stop = True
             epoch_loop._skip_next_val = not scheduled
 

@@ -7,6 +7,7 @@ TINYGPT2_FAILPOINT holds comma-separated points, each `name:first[-last]` in opt
     kill_end:5    SIGKILL this process when training has ended at step 5 and its last checkpoint is
                   written, before the run's result is recorded
     kill_val:5    SIGKILL this process as the validation after step 5 begins
+    sigint:5      send this process SIGINT (Ctrl-C) as step 5 begins
     nan:3-5       make the loss of steps 3 to 5 not a number
     nan_weights:4 make a weight not a number after step 4 (an update that broke the weights)
     enospc:4      fail the first checkpoint write of step 4 with "no space left on device"
@@ -38,8 +39,23 @@ def active(name: str, step: int) -> bool:
     return span is not None and span[0] <= step <= span[1]
 
 
+_FIRED: set[str] = set()
+
+
+def once(name: str, step: int) -> bool:
+    """active(), but true only the first time in this process (a step of several micro-batches)."""
+    if name in _FIRED or not active(name, step):
+        return False
+    _FIRED.add(name)
+    return True
+
+
 def kill_now() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def interrupt_now() -> None:
+    os.kill(os.getpid(), signal.SIGINT)
 
 
 def disk_full(path) -> OSError:

@@ -111,6 +111,8 @@ class GPTModule(L.LightningModule):
         _, loss = self.model(inputs, targets)
         if failpoints.active("nan", self.trainer.global_step + 1):
             loss = loss * float("nan")
+        if failpoints.once("sigint", self.trainer.global_step + 1):
+            failpoints.interrupt_now()
         if logging_step(self.trainer):
             self.step_losses.append(loss.detach())  # each micro-batch's: the step's loss is their mean
         return loss
@@ -118,6 +120,12 @@ class GPTModule(L.LightningModule):
     def log_train(self, name: str, value: float | torch.Tensor) -> None:
         """Keeps a training value of this step; on_train_batch_end sends them to the loggers together."""
         self.train_values[name] = value
+
+    def on_train_batch_start(self, batch, batch_idx) -> None:
+        # Lightning numbers what it logs itself (validation, and the samples beside it) by a count of its
+        # own, _batches_that_stepped, which it restores on resume and then advances by one or not
+        # depending on where in its loop the checkpoint was written; it counts the steps done
+        self.trainer.fit_loop.epoch_loop._batches_that_stepped = self.trainer.global_step
 
     def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
         trainer = self.trainer
