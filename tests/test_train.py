@@ -15,7 +15,7 @@ from training.checks import SettingError, check_values
 from training.run import train
 from training.settings import global_batch
 
-from .common import ROOT, TINY_OVERRIDES, compose_config, run_script
+from .common import ROOT, TINY_OVERRIDES, compose_config, run_script, validations
 
 
 @pytest.mark.parametrize(
@@ -176,3 +176,11 @@ def test_train_py_reports_bad_input_in_one_line(small_text, tmp_path):
     last_line = proc.stderr.strip().splitlines()[-1]
     assert last_line.startswith("error: model.n_embd (30) must be divisible by model.n_head (4)")
     assert "Traceback" not in proc.stderr
+
+
+def test_validation_every_n_steps_counts_optimizer_steps_under_gradient_accumulation(small_text, tmp_path):
+    """tokens_per_step of two micro-batches: trainer.val_check_interval=3 validates after steps 3 and 6,
+    not after every third micro-batch (Lightning's own count)."""
+    overrides = [*TINY_OVERRIDES, f"data.path={small_text}", "tokens_per_step=512", "trainer.val_check_interval=3"]
+    train(compose_config(*overrides), tmp_path / "run")
+    assert list(validations(tmp_path / "run")) == [2, 5]  # after steps 3 and 6, as Lightning numbers them

@@ -143,7 +143,11 @@ class RunSettings:
         return self.values["tokens_per_step"]
 
     def trainer_arguments(self) -> dict[str, Any]:
-        return trainer_arguments(self.trainer)
+        arguments = trainer_arguments(self.trainer)
+        every = arguments.get("val_check_interval")
+        if isinstance(every, int) and not isinstance(every, bool):  # steps, where Lightning counts micro-batches
+            arguments["val_check_interval"] = every * self.accumulation
+        return arguments
 
     def saved(self) -> dict[str, Any]:
         """What config.yaml and each checkpoint hold: the settings, and the token cache entry."""
