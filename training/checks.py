@@ -205,7 +205,7 @@ class Devices:
         ):
             return
         raise SettingError(
-            f"{key} must be a number of devices (1, 2, ..., or -1 for all), auto, or a list of device indices, got {shown(value)}"
+            f"{key} must be a number of devices (1, 2, ..., or -1 for every GPU), auto, or a list of device indices, got {shown(value)}"
         )
 
 
@@ -363,7 +363,7 @@ OWN_TRAINER_ARGUMENTS = {
     "enable_checkpointing": "checkpoints are always written; checkpoint.every_n_steps sets how often",
     "default_root_dir": "the run folder is hydra.run.dir",
     "use_distributed_sampler": "the data module shards batches across processes itself",
-    "limit_train_batches": "it would end training before trainer.max_steps with the schedule unfinished; lower trainer.max_steps",
+    "limit_train_batches": "it would end training before trainer.max_steps with the schedule unfinished; for fewer steps, set trainer.max_steps instead",
     "fast_dev_run": "it runs a batch or two with checkpoints and loggers off; try a setup with debug=default instead",
     "overfit_batches": "it would train on a few batches while the schedule and data order assume the whole run",
     "min_steps": "a run trains exactly trainer.max_steps steps, and would stop validating past them; raise trainer.max_steps",
