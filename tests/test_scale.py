@@ -72,6 +72,25 @@ def test_ddp_on_two_processes_matches_one_process_with_the_same_global_batch(sma
     assert len(list(csv.DictReader(open(ddp / "metrics.csv")))) > 0
 
 
+def test_a_ddp_run_stopped_and_continued_on_one_device_matches_one_device_throughout(small_text, tmp_path):
+    """The global batch stays and the accumulation follows the devices: stopped at step 3 on 2 processes
+    (1 micro-batch each a step), continued on 1 (2 a step), every step after takes whole steps' batches."""
+    common = [*TINY_OVERRIDES, f"data.path={small_text}", "trainer.limit_val_batches=null", "tokens_per_step=512"]
+    one = run_script("train.py", *common, "hydra.run.dir=single", cwd=tmp_path)
+    assert one.returncode == 0, one.stderr[-2000:]
+    ddp = ["trainer.strategy=ddp", "trainer.devices=2", "trainer.accelerator=cpu"]
+    stopped = run_script("train.py", *common, *ddp, "hydra.run.dir=moved", cwd=tmp_path, failpoint="sigint:3")
+    assert stopped.returncode == 0 and "stopped by SIGINT at step 3" in stopped.stdout + stopped.stderr, stopped.stderr
+    resumed = run_script(
+        "train.py", f"resume={tmp_path / 'moved'}", "trainer.strategy=auto", "trainer.devices=1", cwd=tmp_path
+    )
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    single, moved = tmp_path / "single", tmp_path / "moved"
+    for key, value in weights(single).items():  # (a step of half the batch would move them by ~1e-2)
+        torch.testing.assert_close(weights(moved)[key], value, rtol=1e-5, atol=1e-5)
+    assert final(moved)["val/loss"] == pytest.approx(final(single)["val/loss"], rel=1e-5)
+
+
 def test_muon_under_ddp_matches_one_process_too(small_text, tmp_path):
     # every process orthogonalises the same averaged gradient, so the processes stay in step
     common = [*TINY_OVERRIDES, f"data.path={small_text}", "optim=muon", "optim.warmup_steps=2", "tokens_per_step=512"]

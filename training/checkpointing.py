@@ -141,6 +141,24 @@ def rekeyed(state: dict[str, Any], key) -> dict[str, Any]:
     return {"state": {key(param): values for param, values in state["state"].items()}, "param_groups": groups}
 
 
+def realign_accumulation(checkpoint: dict[str, Any], accumulation: int) -> None:
+    """A run continued on another number of devices keeps its global batch, so each process takes another
+    number of micro-batches per step. Lightning finds where a step ends from its count of micro-batches,
+    restored from the checkpoint: counted in the old accumulation, the first step would take what is left
+    to the next multiple of the new one (half a batch, say). The counts are rescaled to the new one."""
+    progress = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_loop.batch_progress")
+    steps = checkpoint.get("global_step", 0)
+    if not progress or steps <= 0 or progress["total"]["ready"] % steps:
+        return
+    before = progress["total"]["ready"] // steps
+    if before == accumulation:
+        return
+    for counts in (progress["total"], progress["current"]):
+        ready = counts["ready"] // before * accumulation
+        for field in counts:  # the others trail "ready" by the micro-batches under way as it was saved
+            counts[field] = ready - (counts["ready"] - counts[field])
+
+
 class PeriodicCheckpoints(L.Callback):
     """Saves `step-NNNNNN.ckpt` every `every_n_steps` optimizer steps and at the end, points
     `last.ckpt` at the newest, and deletes all but the newest `keep`."""

@@ -17,6 +17,7 @@ from generation.checkpoint import CheckpointError, describe_model, read_header, 
 from model import GPT, GPTConfig
 
 from . import failpoints
+from .checkpointing import realign_accumulation
 from .checks import time_budget_seconds
 from .errors import TrainingDiverged
 from .optim import TimeBudgetSchedule, lr_factor, make_optimizer
@@ -354,6 +355,7 @@ class GPTModule(L.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         if "rng_states" in checkpoint and self._trainer is not None:  # resuming; load_from_checkpoint leaves them
             set_rng_states(checkpoint["rng_states"])
+            realign_accumulation(checkpoint, self.trainer.accumulate_grad_batches)  # before Lightning reads it
         counts = checkpoint.get("nonfinite", {})
         self.skipped_steps, self.nonfinite_in_a_row = counts.get("skipped", 0), counts.get("in_a_row", 0)
         self.nonfinite = torch.tensor([self.skipped_steps, self.nonfinite_in_a_row, self.nonfinite_in_a_row])
