@@ -39,7 +39,7 @@ def test_ddp_on_two_processes_matches_one_process_with_the_same_global_batch(sma
         f"data.path={small_text}",
         "trainer.max_steps=6",
         "trainer.val_check_interval=3",
-        "trainer.limit_val_batches=null",
+        "trainer.limit_val_batches=4",  # of the whole validation: 2 on each process, the same windows
         "tokens_per_step=512",
     ]
     one = run_script("train.py", *common, "runs_root=single", cwd=tmp_path)
@@ -94,7 +94,7 @@ def test_a_ddp_run_stopped_and_continued_on_one_device_matches_one_device_throug
 def test_muon_under_ddp_matches_one_process_too(small_text, tmp_path):
     # every process orthogonalises the same averaged gradient, so the processes stay in step
     common = [*TINY_OVERRIDES, f"data.path={small_text}", "optim=muon", "optim.warmup_steps=2", "tokens_per_step=512"]
-    common.append("trainer.limit_val_batches=null")  # the whole split: a limit counts batches per process
+    common.append("trainer.limit_val_batches=null")  # the whole split
     one = run_script("train.py", *common, "runs_root=single", cwd=tmp_path)
     assert one.returncode == 0, one.stderr[-2000:]
     ddp = ["trainer.strategy=ddp", "trainer.devices=2", "trainer.accelerator=cpu"]

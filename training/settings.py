@@ -147,6 +147,11 @@ class RunSettings:
         every = arguments.get("val_check_interval")
         if isinstance(every, int) and not isinstance(every, bool):  # steps, where Lightning counts micro-batches
             arguments["val_check_interval"] = every * self.accumulation
+        limit = arguments.get("limit_val_batches")
+        if isinstance(limit, int) and not isinstance(limit, bool) and self.world_size > 1:
+            # batches of the whole validation, where Lightning counts each process's: as every process
+            # scores every world_size-th window, this is the windows one process would score
+            arguments["limit_val_batches"] = -(-limit // self.world_size)
         return arguments
 
     def saved(self) -> dict[str, Any]:
