@@ -144,8 +144,8 @@ def build_loggers(logger_cfg: dict[str, Any] | None, folder: RunFolder, resume_s
         elif name == "wandb":
             loggers.append(make_wandb(cfg, folder))
         elif name == "tensorboard":
-            # a session start in every event file, the first too: TensorBoard takes a later one as a restart
-            # and drops what the first logged at or after its step, as it does not the first it reads
+            # a session start in every event file, the first too: TensorBoard takes a later one for a restart,
+            # and drops what was logged at or after its step, only once it has read an earlier one
             loggers.append(
                 SettingsTensorBoardLogger(
                     save_dir=str(folder.path),
