@@ -371,21 +371,26 @@ def test_ctrl_c_before_a_sweep_job_has_a_checkpoint_takes_the_sweep_back(small_t
 def test_a_second_sweep_into_the_folder_of_one_under_way_is_refused(small_text, tmp_path):
     sweep = tmp_path / "shared"
     args = ["-m", *run_args(small_text), f"hydra.sweep.dir={sweep}"]
+    long = ["trainer.max_steps=100000", "checkpoint.every_n_steps=1000"]  # under way until stopped below
     first = start_script(
-        "train.py", *args, "optim.lr=1e-3,2e-3", cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        "train.py", *args, *long, "optim.lr=1e-3,2e-3", cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
-    deadline = time.time() + 300
-    while not (sweep / ".lock").exists() and first.poll() is None and time.time() < deadline:
-        time.sleep(0.01)
-    second = run_script("train.py", *args, "optim.lr=5e-3,6e-3", cwd=tmp_path)
-    out, err = finish(first)
-    assert first.returncode == 0, err[-2000:]
+    try:
+        deadline = time.time() + 300
+        while not (sweep / "0" / "metrics.csv").exists() and first.poll() is None and time.time() < deadline:
+            time.sleep(0.05)  # the first job trains
+        second = run_script("train.py", *args, "optim.lr=5e-3,6e-3", cwd=tmp_path)
+        first.send_signal(signal.SIGINT)
+        out, err = finish(first)
+    finally:
+        first.kill()
     assert second.returncode == 1
     assert one_error_line(second.stderr).startswith(
         f"error: hydra.sweep.dir={sweep} is the folder of a sweep under way"
     )
+    assert first.returncode == 0, err[-2000:]  # stopped with a checkpoint, as a sweep's Ctrl-C does
     rows = list(csv.DictReader(open(sweep / "summary.csv")))
-    assert [r["optim.lr"] for r in rows] == ["0.001", "0.002"]  # the first sweep's jobs, each run
+    assert [r["optim.lr"] for r in rows] == ["0.001"]  # the first sweep's own job, nothing of the second's
 
 
 def test_an_optuna_search_records_every_trial_and_the_best(small_text, tmp_path):
