@@ -363,9 +363,12 @@ class Launch:
             raise CommandLineError(search_lacks(missing, composed, self.user))
         search = [f"{key}={values}" for key, values in space.items() if key not in given]
         combinations = sweep_combinations(self.user + search)
+        data_settings = []
         for combination in combinations:
             values, _ = check(composer.compose(combination))
-            check_files(values["data"])
+            if values["data"] not in data_settings:  # each data setting's files looked up once
+                data_settings.append(values["data"])
+                check_files(values["data"])
         searching = "optuna" in str(sweeper.get("_target_", "")).lower()
         for line, key, values in interval_sweeps(self.user + search):
             if not searching:
@@ -427,8 +430,8 @@ def search_lacks(key: str, composed: dict, user: list[str]) -> str:
     """Why a search cannot run: its space names a setting the groups chosen do not have."""
     search = next((o.lstrip("+") for o in user if o.lstrip("+").split("=")[0] in SEARCH_GROUPS), "the search")
     group = key.split(".")[0]
-    kind = (composed.get(group) or {}).get("kind") if isinstance(composed.get(group), dict) else None
-    chosen = f"{group}={kind}" if kind else "the settings chosen"
+    kind = lookup(composed, f"{group}.kind")
+    chosen = f"{group}={kind}" if isinstance(kind, str) else "the settings chosen"
     name = search.split("=", 1)[-1]
     return (
         f"{search} searches {key}, which {chosen} does not have; search with a space of your own: a copy of "

@@ -166,18 +166,19 @@ class PeriodicCheckpoints(L.Callback):
     def __init__(self, folder: RunFolder, every_n_steps: int, keep: int):
         self.folder, self.every_n_steps, self.keep = folder, every_n_steps, keep
         self.saved_step = -1
-        self.validated_since = False  # a validation ran after the checkpoint of saved_step was written
         self.at_end = False
         self.stopped_at: int | None = None  # the step a signal stopped the run at (see GracefulStop)
 
     def save(self, trainer: L.Trainer) -> Path:
         """Checkpoint the current state (every process must call this; rank 0 writes)."""
-        path = self.folder.step_checkpoint(trainer.global_step)
-        ended = self.at_end and self.stopped_at is None
-        if self.saved_step == trainer.global_step and not (ended and self.validated_since):
+        step = trainer.global_step
+        path = self.folder.step_checkpoint(step)
+        # at the end, the step's file (written before the step's validation) is written again after it
+        validated_since = self.at_end and self.stopped_at is None and trainer.lightning_module.validated_step == step
+        if self.saved_step == step and not validated_since:
             return path
         trainer.save_checkpoint(path, weights_only=False)  # the whole state: weights, optimizer, loops
-        self.saved_step, self.validated_since = trainer.global_step, False
+        self.saved_step = step
         if trainer.is_global_zero:
             link_last(self.folder.last, path)
             self.prune()
@@ -199,10 +200,6 @@ class PeriodicCheckpoints(L.Callback):
             failpoints.kill_now()
         if step > 0 and step % self.every_n_steps == 0 and step != self.saved_step:
             self.save(trainer)
-
-    def on_validation_end(self, trainer, pl_module) -> None:
-        if trainer.global_step == self.saved_step and not trainer.sanity_checking:
-            self.validated_since = True
 
     def on_train_end(self, trainer, pl_module) -> None:
         # the final state, whatever the step, after the final validation (written again if the step's
