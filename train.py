@@ -149,12 +149,49 @@ class Composer:
                     f"{several.group(1)} gives several values: to train one run for each, add -m "
                     f"(python train.py -m {several.group(1)} ...); for a list, write {several.group(2)}=[...]"
                 ) from None
+            removed = re.match(r"Could not delete '([^']+)'", str(err))
+            if removed and (CONFIG_DIR / removed.group(1)).is_dir():
+                raise CommandLineError(no_group_choice(removed.group(1), f"~{removed.group(1)}")) from None
             cause = err.__cause__
             if (cause is not None and "not in struct" in str(cause)) or str(err).startswith("Could not override"):
                 raise CommandLineError(unknown_setting(str(err).split("'")[1], self.defaults, overrides)) from None
             raise CommandLineError(str(err).splitlines()[0]) from None
         except Exception as err:  # an interpolation or resolver that fails on the given values
+            if "Config group override must be" in str(err):
+                given = next((o for o in overrides if re.fullmatch(r"\w+=(null|None|~)", o)), "")
+                if (CONFIG_DIR / given.split("=")[0]).is_dir():
+                    raise CommandLineError(no_group_choice(given.split("=")[0], given)) from None
             raise CommandLineError(f"cannot compose the config: {str(err).splitlines()[0]}") from None
+
+
+def no_group_choice(group: str, given: str) -> str:
+    """What to say to a group given no choice (model=null, ~logger): how to ask for what was meant."""
+    options = ", ".join(sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml")))
+    if group == "logger":
+        said = "cannot remove the loggers" if given.startswith("~") else "is not a choice of logger"
+        return f"{given} {said}; for a run with no loggers use logger=none (or one of: {options})"
+    if default_choice(group) is None:  # an optional group: leaving it out is its default
+        return f"{given} is not a choice of {group}; leave {group} out for none, or choose one of: {options}"
+    return f"{given} is not a choice of {group}, which a run needs; choose one of: {options}"
+
+
+def choices_with(key: str) -> list[str]:
+    """The choices of key's group (configs/<group>/*.yaml) that have the setting key."""
+    group, _, rest = key.partition(".")
+    found = []
+    for recipe in sorted((CONFIG_DIR / group).glob("*.yaml")) if rest else []:
+        values = OmegaConf.to_container(OmegaConf.load(recipe))
+        if isinstance(values, dict) and "# @package" not in recipe.read_text()[:200] and lookup(values, rest) is not ABSENT:
+            found.append(recipe.stem)
+    return found
+
+
+def default_choice(group: str) -> str | None:
+    """The choice configs/train.yaml makes for group, when it makes one."""
+    for entry in OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / "train.yaml")).get("defaults", []):
+        if isinstance(entry, dict) and isinstance(entry.get(group), str):
+            return entry[group]
+    return None
 
 
 def unknown_setting(key: str, defaults: dict, overrides: list[str]) -> str:
@@ -167,6 +204,14 @@ def unknown_setting(key: str, defaults: dict, overrides: list[str]) -> str:
         close = difflib.get_close_matches(key, [f"trainer.{name}" for name in trainer_parameters()], n=1, cutoff=0.75)
     if close and close[0] == key and choice:  # a setting of the default choice, not of the one given
         return f"unknown setting '{key}': {group}={choice} has no such setting (python train.py {group}={choice} --cfg job lists its settings)"
+    others = [other for other in choices_with(key) if other != (choice or default_choice(group))]
+    if others:  # a setting of another choice of the group (optim.momentum is Muon's)
+        chosen = choice or default_choice(group)
+        names = " or ".join(f"{group}={other}" for other in others)
+        return (
+            f"unknown setting '{key}': {group}={chosen} has no such setting, {names} has; "
+            f"choose {names} to use it, or leave it out"
+        )
     hint = f" (did you mean {close[0]}?)" if close and close[0] != key else ""
     return f"unknown setting '{key}'{hint}; check the spelling (python train.py --cfg job lists every setting)"
 

@@ -194,6 +194,14 @@ BAD_SETTINGS = [
     (["logger.wandb.project=me/shakespeare"], "logger.wandb.project cannot hold /, got 'me/shakespeare'"),
     (["+optim.foo=1"], "unknown setting 'optim.foo'"),
     (["optim.lrr=1"], "unknown setting 'optim.lrr' (did you mean optim.lr?)"),
+    (["logger=null"], "logger=null is not a choice of logger; for a run with no loggers use logger=none"),
+    (["~logger"], "~logger cannot remove the loggers; for a run with no loggers use logger=none"),
+    (["model=null"], "model=null is not a choice of model, which a run needs; choose one of: baby, gpt2,"),
+    (["experiment=null"], "experiment=null is not a choice of experiment; leave experiment out for none"),
+    (  # a setting another choice of the group has
+        ["data.split=train"],
+        "unknown setting 'data.split': data=shakespeare has no such setting, data=hub has; choose data=hub to use it",
+    ),
     (["hparams_search=optuna"], "hparams_search is a search over many runs: add -m"),
     (["-m", "optim.lr=1e-3,0"], "optim.lr must be above 0, got 0"),  # every value of a sweep is checked first
     (["-m", "resume=auto"], "resume= continues one run: run it without -m"),

@@ -140,3 +140,30 @@ def test_muon_chosen_by_name_alone_is_refused_with_the_group_to_use(tmp_path):
         "error: optim.name=muon needs optim.momentum; choose the group instead: optim=muon"
     )
     assert not (tmp_path / "outputs").exists()  # a refused command leaves nothing
+
+
+@pytest.mark.parametrize(
+    ("overrides", "said"),
+    [
+        (
+            ["optim.momentum=0.9"],  # the default optimizer, AdamW, has no such setting
+            "error: unknown setting 'optim.momentum': optim=adamw has no such setting, optim=muon has; "
+            "choose optim=muon to use it, or leave it out",
+        ),
+        (
+            ["+optim.momentum=0.9"],  # added to AdamW's settings, where it would be ignored
+            "error: optim.momentum is Muon's setting, and AdamW has none (its momentum is optim.betas): for AdamW "
+            "choose the group optim=adamw and leave optim.momentum out; for Muon choose optim=muon",
+        ),
+        (
+            ["optim=muon", "optim.name=adamw"],  # the group's momentum stays behind
+            "error: optim.momentum is Muon's setting, and AdamW has none (its momentum is optim.betas): for AdamW "
+            "choose the group optim=adamw and leave optim.momentum out; for Muon choose optim=muon",
+        ),
+    ],
+)
+def test_muons_momentum_given_to_adamw_is_refused_with_what_to_do(tmp_path, overrides, said):
+    proc = run_script("train.py", *TINY_OVERRIDES, *overrides, cwd=tmp_path)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == said
+    assert not (tmp_path / "outputs").exists()

@@ -539,6 +539,11 @@ def check_together(values: dict[str, Any]) -> None:
             f"optim.warmup_steps={warmup} is not below trainer.max_steps={max_steps}: the learning rate would never "
             f"reach optim.lr; use fewer warmup steps (e.g. optim.warmup_steps={max(0, max_steps // 10)})"
         )
+    if optim.get("name") == "adamw" and "momentum" in optim:  # +optim.momentum=0.9 with AdamW: it would be ignored
+        raise SettingError(
+            "optim.momentum is Muon's setting, and AdamW has none (its momentum is optim.betas): for AdamW choose "
+            "the group optim=adamw and leave optim.momentum out; for Muon choose optim=muon"
+        )
     if optim.get("name") == "muon":
         if optim.get("momentum") is None:
             raise SettingError("optim.name=muon needs optim.momentum; choose the group instead: optim=muon")
