@@ -181,7 +181,11 @@ def choices_with(key: str) -> list[str]:
     found = []
     for recipe in sorted((CONFIG_DIR / group).glob("*.yaml")) if rest else []:
         values = OmegaConf.to_container(OmegaConf.load(recipe))
-        if isinstance(values, dict) and "# @package" not in recipe.read_text()[:200] and lookup(values, rest) is not ABSENT:
+        if (
+            isinstance(values, dict)
+            and "# @package" not in recipe.read_text()[:200]
+            and lookup(values, rest) is not ABSENT
+        ):
             found.append(recipe.stem)
     return found
 
