@@ -227,6 +227,25 @@ def test_a_resumed_run_may_run_longer_and_keeps_its_first_settings_file(small_te
     )
 
 
+def test_a_run_that_ended_at_its_time_limit_is_finished_until_given_a_longer_one(small_text, tmp_path):
+    args = run_args(
+        small_text, "trainer.max_steps=-1", "trainer.max_time=00:00:00:03", "trainer.val_check_interval=1000"
+    )
+    proc = run_script("train.py", *args, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    run = runs_under(tmp_path / "outputs")[0]
+    before = snapshot(run)
+    again = run_script("train.py", f"resume={run}", cwd=tmp_path)  # as written, it would stop at once
+    assert again.returncode != 0
+    assert one_error_line(again.stderr) == (
+        "error: the run is finished: it trained for its trainer.max_time=00:00:00:03; give a longer "
+        "trainer.max_time to train it further"
+    )
+    assert snapshot(run) == before  # nothing written to the run
+    assert train.check_command_line([f"resume={run}", "trainer.max_time=00:00:00:02"]) is not None  # shorter still
+    assert train.check_command_line([f"resume={run}", "trainer.max_time=00:00:00:05"]) is None
+
+
 def test_a_run_killed_after_best_ckpt_and_before_any_step_file_resumes_from_it(small_text, reference, tmp_path):
     args = run_args(small_text, "checkpoint.every_n_steps=1000")  # no step file before the end; best.ckpt at step 4
     proc = start_script("train.py", *args, cwd=tmp_path, failpoint="kill:6")

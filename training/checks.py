@@ -265,6 +265,12 @@ def time_budget_seconds(max_time: Any, key: str = "trainer.max_time") -> float:
     return timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds).total_seconds()
 
 
+def as_max_time(max_time: Any) -> str:
+    """A time limit written as trainer.max_time is on the command line: dd:hh:mm:ss."""
+    seconds = int(time_budget_seconds(max_time))
+    return f"{seconds // 86400:02d}:{seconds // 3600 % 24:02d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
 COUNT_LIMIT = 2**31 - 1  # counts beyond this are typos, and overflow the sizes torch and numpy take
 STEPS = Number(whole=True, min=1, max=COUNT_LIMIT)
 SEED = Number(whole=True, min=0, below=2**32)

@@ -32,6 +32,7 @@ from .checks import (
     ABSENT,
     SPEC,
     SettingError,
+    as_max_time,
     check_link_place,
     check_values,
     check_writable,
@@ -418,7 +419,7 @@ def continue_settings(checkpoint: Path, requested: dict[str, Any], named: Iterab
     run = checkpoint.parent.parent
     named = expand(named, requested, saved)
     values = continue_values(saved, requested, named, run)
-    check_continuation(values, header["step"], finished=RunFolder(run).is_finished())
+    check_continuation(values, header["step"], RunFolder(run).is_finished(), saved["trainer"].get("max_time"))
     before = {key: lookup(values, key) for key in left_before if key in MACHINE_KEYS and key not in named}
     for key in before:
         put(values, key, None)  # for check() to choose for this machine
@@ -527,10 +528,18 @@ def continue_values(
     return values
 
 
-def check_continuation(values: dict[str, Any], step: int, finished: bool = True) -> None:
+def check_continuation(values: dict[str, Any], step: int, finished: bool = True, max_time_was: Any = None) -> None:
     """A continued run with a step limit must have steps left to train, or, stopped after its last step
-    and before its result was recorded (not `finished`), its end left to finish."""
+    and before its result was recorded (not `finished`), its end left to finish. A run that ended at
+    its time limit (`max_time_was`) must be given a longer one."""
     max_steps = values["trainer"]["max_steps"]
+    max_time = values["trainer"].get("max_time")
+    ended_by_time = finished and max_time_was and (max_steps == -1 or step < max_steps)
+    if ended_by_time and max_time and time_budget_seconds(max_time) <= time_budget_seconds(max_time_was):
+        raise SettingError(
+            f"the run is finished: it trained for its trainer.max_time={as_max_time(max_time_was)}; give a longer "
+            "trainer.max_time to train it further"
+        )
     if max_steps == step and not finished:
         log.info("the run trained all its %d steps but stopped before it ended; ending it now", step)
         return
