@@ -194,6 +194,11 @@ BAD_SETTINGS = [
     (["logger.wandb.project=me/shakespeare"], "logger.wandb.project cannot hold /, got 'me/shakespeare'"),
     (["+optim.foo=1"], "unknown setting 'optim.foo'"),
     (["optim.lrr=1"], "unknown setting 'optim.lrr' (did you mean optim.lr?)"),
+    (
+        ["logger.wandb=offline"],  # meant logger.wandb.mode=offline, or logger=wandb
+        "logger.wandb holds settings (logger.wandb.project, logger.wandb.name, logger.wandb.group, ...), not one "
+        "value; set one of them (to choose loggers: logger=wandb)",
+    ),
     (["logger=null"], "logger=null is not a choice of logger; for a run with no loggers use logger=none"),
     (["~logger"], "~logger cannot remove the loggers; for a run with no loggers use logger=none"),
     (["model=null"], "model=null is not a choice of model, which a run needs; choose one of: baby, gpt2,"),

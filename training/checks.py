@@ -433,6 +433,10 @@ def check_values(values: dict[str, Any]) -> dict[str, Any]:
                 put(values, key, int(value))
         elif key.startswith("trainer."):
             check_trainer_argument(key.split(".", 1)[1], value)
+        elif inner := [name for name in SPEC if name.startswith(key + ".")]:  # logger.wandb=offline
+            names = ", ".join(inner[:3]) + (", ..." if len(inner) > 3 else "")
+            choose = f" (to choose loggers: logger={key.split('.')[1]})" if key.startswith("logger.") else ""
+            raise SettingError(f"{key} holds settings ({names}), not one value; set one of them{choose}")
         elif not key.startswith("model."):
             raise SettingError(
                 f"unknown setting '{key}'; check the spelling (python train.py --cfg job lists every setting)"
