@@ -256,6 +256,20 @@ INFORMATION_FLAGS = (
 CONFIG_FLAGS = ("--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd", "--experimental-rerun")
 
 
+def information_overrides(args: list[str]) -> list[str]:
+    """The overrides of a command line with information flags: not the words those flags take
+    (--cfg job, -p model, --info defaults, -sc install=bash)."""
+    takes_word = {"--cfg", "-c", "--package", "-p", "--shell-completion", "-sc"}
+    info_words = {"all", "config", "defaults", "defaults-tree", "plugins", "searchpath"}
+    overrides, previous = [], None
+    for arg in args:
+        flag_word = previous in takes_word or (previous in ("--info", "-i") and arg in info_words)
+        if not arg.startswith("-") and not flag_word:
+            overrides.append(arg)
+        previous = arg
+    return overrides
+
+
 class Launch:
     """One command line, checked, with the folder it runs in: what train.py gives Hydra. Which folder
     and which checkpoint follow from the command line, the environment and what is on disk, so every
@@ -278,6 +292,10 @@ class Launch:
         """Check the command line and choose its folder; the arguments to give Hydra."""
         flags = {flag.split("=")[0] for flag in self.flags}
         if flags & set(INFORMATION_FLAGS):
+            overrides = information_overrides(self.args)
+            if overrides and not self.multirun:  # a misspelled key or group: one line, not Hydra's several
+                with Composer() as composer:
+                    composer.compose(overrides)
             return self.args
         if flags & set(CONFIG_FLAGS):
             raise CommandLineError(

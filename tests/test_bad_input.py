@@ -199,6 +199,9 @@ BAD_SETTINGS = [
         "logger.wandb holds settings (logger.wandb.project, logger.wandb.name, logger.wandb.group, ...), not one "
         "value; set one of them (to choose loggers: logger=wandb)",
     ),
+    # what Hydra shows without training is composed from the same overrides, refused the same way
+    (["optim.lrr=1", "--cfg", "job"], "unknown setting 'optim.lrr' (did you mean optim.lr?)"),
+    (["--cfg=job", "model=nanoo"], "model=nanoo is not a choice; choose one of: baby, gpt2,"),
     (["logger=null"], "logger=null is not a choice of logger; for a run with no loggers use logger=none"),
     (["~logger"], "~logger cannot remove the loggers; for a run with no loggers use logger=none"),
     (["model=null"], "model=null is not a choice of model, which a run needs; choose one of: baby, gpt2,"),
@@ -291,6 +294,9 @@ def test_good_settings_of_the_same_kinds_are_accepted():
             "logger=[csv,tensorboard]",
         ],
         ["-m", "optim.lr=1e-3,2e-3", "model.n_layer=range(1,3)"],
+        ["model=baby", "--cfg", "job", "--package", "model"],  # the words the flags take are not overrides
+        ["--info", "defaults", "optim=muon"],
+        ["-sc", "install=bash"],
     ):
         assert train.check_command_line(args) is None, args
 
