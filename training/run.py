@@ -330,6 +330,7 @@ def quiet_known_warnings() -> None:
         r"Checkpoint directory .* exists and is not empty.*",  # a resumed run's own checkpoints
         r".*isinstance\(treespec, LeafSpec\)` is deprecated.*",  # inside Lightning, with newer torch
         r".*resuming from a checkpoint that ended before the epoch ended.*",  # StepSampler restarts the data order
+        r"The number of training batches .* is smaller than the logging interval.*",  # a run logs its last step's values
     ):
         warnings.filterwarnings("ignore", message=message)
     logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(drop_advertisements)
