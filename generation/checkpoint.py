@@ -116,6 +116,10 @@ def resolve_checkpoint(path: str | Path) -> Path:
             for name in CHECKPOINT_NAMES:
                 if (folder / name).is_file():
                     return folder / name
+        runs = [run.parent for run in (*path.glob(f"*/{CHECKPOINTS_DIR}"), *path.glob(f"*/*/{CHECKPOINTS_DIR}"))]
+        if runs:  # a runs_root (outputs/) or a day of it
+            newest = max(runs, key=lambda run: run.stat().st_mtime)
+            raise CheckpointError(f"{path} holds runs, not one run: name one of them, e.g. the newest, {newest}")
         raise CheckpointError(
             f"no checkpoint in {path}: expected checkpoints/best.ckpt or checkpoints/last.ckpt (a run folder), "
             "or config.json with model.safetensors (a Hugging Face folder)"

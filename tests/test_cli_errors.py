@@ -3,6 +3,7 @@ no traceback, nothing generated, written or overwritten."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import subprocess
@@ -137,6 +138,21 @@ def test_generate_py_missing_checkpoint(tmp_path, capsys, monkeypatch):
     code = generate.main(["--ckpt", str(tmp_path / "empty_run")])
     _, err = capsys.readouterr()
     assert code == 1 and "no checkpoint in" in one_error_line(err)
+
+
+def test_a_folder_of_runs_given_as_the_checkpoint_names_the_newest_run(tiny_run, tmp_path, capsys):
+    runs_root = tmp_path / "outputs"
+    for day, older in (("2026-01-01", True), ("2026-01-02", False)):  # outputs/<day>/<time>, as train.py makes them
+        run = runs_root / day / "10-00-00"
+        shutil.copytree(tiny_run, run, symlinks=True)
+        if older:
+            os.utime(run, (1e9, 1e9))
+    for given in (runs_root, runs_root / "2026-01-02"):
+        code = generate.main(["--ckpt", str(given), "--prompt", "ROMEO:"])
+        _, err = capsys.readouterr()
+        assert code == 1 and one_error_line(err) == (
+            f"error: {given} holds runs, not one run: name one of them, e.g. the newest, {runs_root / '2026-01-02' / '10-00-00'}"
+        )
 
 
 def test_generate_py_as_a_program_prints_no_traceback(tiny_run, tmp_path):
