@@ -20,9 +20,10 @@ import torch
 import yaml
 
 import train
+from training.checks import SettingError
 from training.run import train as train_run
 from training.run_folder import RunFolder, RunFolderError, claim_new_folder
-from training.settings import contradiction
+from training.settings import check_continuation, contradiction
 
 from .common import (
     ROOT,
@@ -244,6 +245,16 @@ def test_a_run_that_ended_at_its_time_limit_is_finished_until_given_a_longer_one
     assert snapshot(run) == before  # nothing written to the run
     assert train.check_command_line([f"resume={run}", "trainer.max_time=00:00:00:02"]) is not None  # shorter still
     assert train.check_command_line([f"resume={run}", "trainer.max_time=00:00:00:05"]) is None
+
+
+def test_a_run_with_both_limits_is_finished_by_the_one_it_reached():
+    was = {"max_steps": 16, "max_time": "00:00:01:00"}
+    longer = {"trainer": {**was, "max_steps": 20}}
+    check_continuation(longer, 16, True, was)  # ended at its last step: more steps train it further
+    with pytest.raises(SettingError, match=r"trained for its trainer.max_time=00:00:01:00; give a longer"):
+        check_continuation(longer, 10, True, was)  # ended by its time at step 10: more steps alone would stop at once
+    check_continuation({"trainer": {**was, "max_time": {"minutes": 2}}}, 10, True, was)
+    check_continuation(longer, 10, False, was)  # stopped before its end (Ctrl-C): continues as it is
 
 
 def test_a_run_killed_after_best_ckpt_and_before_any_step_file_resumes_from_it(small_text, reference, tmp_path):

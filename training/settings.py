@@ -419,7 +419,7 @@ def continue_settings(checkpoint: Path, requested: dict[str, Any], named: Iterab
     run = checkpoint.parent.parent
     named = expand(named, requested, saved)
     values = continue_values(saved, requested, named, run)
-    check_continuation(values, header["step"], RunFolder(run).is_finished(), saved["trainer"].get("max_time"))
+    check_continuation(values, header["step"], RunFolder(run).is_finished(), saved["trainer"])
     before = {key: lookup(values, key) for key in left_before if key in MACHINE_KEYS and key not in named}
     for key in before:
         put(values, key, None)  # for check() to choose for this machine
@@ -528,13 +528,13 @@ def continue_values(
     return values
 
 
-def check_continuation(values: dict[str, Any], step: int, finished: bool = True, max_time_was: Any = None) -> None:
+def check_continuation(values: dict[str, Any], step: int, finished: bool = True, was: dict | None = None) -> None:
     """A continued run with a step limit must have steps left to train, or, stopped after its last step
     and before its result was recorded (not `finished`), its end left to finish. A run that ended at
-    its time limit (`max_time_was`) must be given a longer one."""
+    its time limit (the trainer settings it `was` run with) must be given a longer one."""
     max_steps = values["trainer"]["max_steps"]
-    max_time = values["trainer"].get("max_time")
-    ended_by_time = finished and max_time_was and (max_steps == -1 or step < max_steps)
+    max_time, max_time_was = values["trainer"].get("max_time"), (was or {}).get("max_time")
+    ended_by_time = finished and max_time_was and not 0 < was["max_steps"] <= step
     if ended_by_time and max_time and time_budget_seconds(max_time) <= time_budget_seconds(max_time_was):
         raise SettingError(
             f"the run is finished: it trained for its trainer.max_time={as_max_time(max_time_was)}; give a longer "
