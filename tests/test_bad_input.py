@@ -36,6 +36,11 @@ README_ROWS = {
         "(python train.py --cfg job lists every setting)",
     ),
     "an unknown choice (`model=huge`)": (["model=huge"], "model=huge is not a choice; choose one of: baby, gpt2, ..."),
+    "a setting of another choice of its group (`optim.momentum=0.9`)": (
+        ["optim.momentum=0.9"],
+        "unknown setting 'optim.momentum': optim=adamw has no such setting, optim=muon has; choose optim=muon to "
+        "use it, or leave it out",
+    ),
     "a value of the wrong kind (`optim.lr=fast`)": (["optim.lr=fast"], "optim.lr must be a number, got 'fast'"),
     "a number that is not finite (`optim.lr=nan`)": (["optim.lr=nan"], "optim.lr must be a finite number, got nan"),
     "a list of the wrong length or kind (`optim.betas=[0.9]`)": (
@@ -442,6 +447,7 @@ COVERED_ELSEWHERE = {
     "a tokenizer setting with `init_from=` (`tokenizer=char`)": "test_init_from.py::test_train_py_refuses_a_tokenizer_override_with_init_from_in_one_line",
     "a setting that contradicts the run being resumed (`resume=RUN model.n_layer=4`)": "test_run_lifecycle.py::test_a_contradicting_setting_beside_resume_is_refused",
     "a run that another process is training": "test_run_lifecycle.py::test_a_second_process_on_a_running_run_is_refused",
+    "a time-limited run that reached its limit (`resume=RUN`)": "test_run_lifecycle.py::test_a_run_that_ended_at_its_time_limit_is_finished_until_given_a_longer_one",
 }
 
 TESTED_HERE = {
