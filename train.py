@@ -108,6 +108,25 @@ class Composer:
     def __exit__(self, *exc) -> None:
         self.context.__exit__(*exc)
 
+    def choices(self, overrides: list[str]) -> dict:
+        """The choice of each config group that overrides make (an experiment's too); {} if they cannot compose."""
+        from hydra import compose
+
+        try:
+            return OmegaConf.to_container(compose("train", overrides, return_hydra_config=True).hydra.runtime.choices)
+        except Exception:
+            return {}
+
+    def check_added(self, overrides: list[str]) -> None:
+        """+data.split=train adds a setting the chosen data has not (data=hub has it), which nothing would
+        read: refused as the same setting without + is."""
+        for override in overrides:
+            key = override.lstrip("+").split("=")[0]
+            if override.startswith("+") and is_group(key.split(".")[0]) and (others := choices_with(key)):
+                chosen = self.choices(overrides)
+                if chosen.get(key.split(".")[0]) not in others:
+                    raise CommandLineError(unknown_setting(key, self.defaults, overrides, chosen))
+
     def compose(self, overrides: list[str], with_hydra: bool = False) -> dict:
         """The composed config; `with_hydra`: Hydra's own settings too (under "hydra", unresolved)."""
         from hydra import compose
@@ -120,7 +139,6 @@ class Composer:
                 with open_dict(cfg):
                     del cfg["hydra"]
             values = OmegaConf.to_container(cfg, resolve=True)
-            return {**values, "hydra": hydra_cfg} if with_hydra else values
         except MissingConfigException as err:
             lines = str(err).splitlines()
             options = [line.strip() for line in lines if line.startswith("\t") and "provider=" not in line]
@@ -154,14 +172,28 @@ class Composer:
                 raise CommandLineError(no_group_choice(removed.group(1), f"~{removed.group(1)}")) from None
             cause = err.__cause__
             if (cause is not None and "not in struct" in str(cause)) or str(err).startswith("Could not override"):
-                raise CommandLineError(unknown_setting(str(err).split("'")[1], self.defaults, overrides)) from None
+                key = str(err).split("'")[1]
+                chosen = self.choices([o for o in overrides if o.lstrip("+~").split("=")[0] != key])
+                raise CommandLineError(unknown_setting(key, self.defaults, overrides, chosen)) from None
             raise CommandLineError(str(err).splitlines()[0]) from None
         except Exception as err:  # an interpolation or resolver that fails on the given values
-            if "Config group override must be" in str(err):
-                given = next((o for o in overrides if re.fullmatch(r"\w+=(null|None|~)", o)), "")
-                if (CONFIG_DIR / given.split("=")[0]).is_dir():
-                    raise CommandLineError(no_group_choice(given.split("=")[0], given)) from None
+            if "Config group override must be" in str(err):  # model=null, logger=false: not a name
+                given = next((o for o in overrides if is_group(o.lstrip("+").split("=")[0]) and not_a_name(o)), None)
+                if given is not None:
+                    raise CommandLineError(no_group_choice(given.lstrip("+").split("=")[0], given)) from None
             raise CommandLineError(f"cannot compose the config: {str(err).splitlines()[0]}") from None
+        self.check_added(overrides)
+        return {**values, "hydra": hydra_cfg} if with_hydra else values
+
+
+def is_group(name: str) -> bool:
+    return bool(re.fullmatch(r"\w+", name)) and (CONFIG_DIR / name).is_dir()
+
+
+def not_a_name(override: str) -> bool:
+    """An override whose value Hydra reads as null, a truth value or a number: no choice of a group."""
+    value = override.split("=", 1)[1].strip() if "=" in override else ""
+    return bool(re.fullmatch(r"(?i)null|none|~|true|false|[-+]?[\d.]+(e[-+]?\d+)?", value))
 
 
 def no_group_choice(group: str, given: str) -> str:
@@ -198,22 +230,29 @@ def default_choice(group: str) -> str | None:
     return None
 
 
-def unknown_setting(key: str, defaults: dict, overrides: list[str]) -> str:
+def unknown_setting(key: str, defaults: dict, overrides: list[str], chosen: dict | None = None) -> str:
+    """Why key is not a setting, and what to type instead. `chosen`: the choice of each group."""
     import difflib
 
     group = key.split(".")[0]
+    if group == "logger" and key.count(".") == 1:  # logger.tensorboard=... with the default loggers
+        return (
+            f"unknown setting '{key}': the loggers chosen do not include {key.split('.')[1]}; choose loggers with "
+            f"logger=NAME or a list, e.g. logger=[csv,{key.split('.')[1]}]"
+        )
     choice = next((o.split("=", 1)[1] for o in overrides if "=" in o and o.lstrip("+").split("=")[0] == group), None)
+    choice = choice or (chosen or {}).get(group)
     close = difflib.get_close_matches(key, differing_leaves(defaults, {}), n=1, cutoff=0.75)
     if not close and group == "trainer":  # Lightning's other arguments (loading Lightning takes seconds)
         close = difflib.get_close_matches(key, [f"trainer.{name}" for name in trainer_parameters()], n=1, cutoff=0.75)
     if close and close[0] == key and choice:  # a setting of the default choice, not of the one given
         return f"unknown setting '{key}': {group}={choice} has no such setting (python train.py {group}={choice} --cfg job lists its settings)"
-    others = [other for other in choices_with(key) if other != (choice or default_choice(group))]
-    if others:  # a setting of another choice of the group (optim.momentum is Muon's)
-        chosen = choice or default_choice(group)
+    made = choice or default_choice(group)
+    others = [other for other in choices_with(key) if other != made]
+    if others and isinstance(made, str):  # a setting of another choice of the group (optim.momentum is Muon's)
         names = " or ".join(f"{group}={other}" for other in others)
         return (
-            f"unknown setting '{key}': {group}={chosen} has no such setting, {names} has; "
+            f"unknown setting '{key}': {group}={made} has no such setting, {names} has; "
             f"choose {names} to use it, or leave it out"
         )
     hint = f" (did you mean {close[0]}?)" if close and close[0] != key else ""
@@ -259,7 +298,7 @@ CONFIG_FLAGS = ("--config-path", "-cp", "--config-name", "-cn", "--config-dir", 
 def information_overrides(args: list[str]) -> list[str]:
     """The overrides of a command line with information flags: not the words those flags take
     (--cfg job, -p model, --info defaults, -sc install=bash)."""
-    takes_word = {"--cfg", "-c", "--package", "-p", "--shell-completion", "-sc"}
+    takes_word = {"--cfg", "-c", "--package", "-p", "--shell-completion", "-sc", *CONFIG_FLAGS}
     info_words = {"all", "config", "defaults", "defaults-tree", "plugins", "searchpath"}
     overrides, previous = [], None
     for arg in args:

@@ -202,7 +202,31 @@ BAD_SETTINGS = [
     (
         ["logger.wandb=offline"],  # meant logger.wandb.mode=offline, or logger=wandb
         "logger.wandb holds settings (logger.wandb.project, logger.wandb.name, logger.wandb.group, ...), not one "
-        "value; set one of them (to choose loggers: logger=wandb)",
+        "value; set one of them (loggers are chosen with logger=NAME, a list, or logger=none)",
+    ),
+    (["logger.wandb=false"], "logger.wandb holds settings (logger.wandb.project,"),  # meant no wandb: logger=csv
+    (
+        ["logger.tensorboard=x"],  # a logger not among those chosen
+        "unknown setting 'logger.tensorboard': the loggers chosen do not include tensorboard; choose loggers with "
+        "logger=NAME or a list, e.g. logger=[csv,tensorboard]",
+    ),
+    (["model=true"], "model=true is not a choice of model, which a run needs; choose one of: baby,"),
+    (["+model=null"], "+model=null is not a choice of model, which a run needs"),
+    (
+        ["seed=null", "logger=false"],
+        "logger=false is not a choice of logger; for a run with no loggers use logger=none",
+    ),
+    (  # added with +, where nothing would read it
+        ["+data.split=train"],
+        "unknown setting 'data.split': data=shakespeare has no such setting, data=hub has; choose data=hub to use it",
+    ),
+    (  # the groups an experiment chooses are the ones named
+        ["experiment=gpt2_owt", "data.path=x"],
+        "unknown setting 'data.path': data=hub has no such setting",
+    ),
+    (
+        ["experiment=shakespeare_baby", "tokenizer.path=x"],
+        "unknown setting 'tokenizer.path': tokenizer=char has no such setting, tokenizer=pretrained has",
     ),
     # what Hydra shows without training is composed from the same overrides, refused the same way
     (["optim.lrr=1", "--cfg", "job"], "unknown setting 'optim.lrr' (did you mean optim.lr?)"),
@@ -302,6 +326,7 @@ def test_good_settings_of_the_same_kinds_are_accepted():
         ["model=baby", "--cfg", "job", "--package", "model"],  # the words the flags take are not overrides
         ["--info", "defaults", "optim=muon"],
         ["-sc", "install=bash"],
+        ["--cfg", "job", "-cn", "train"],  # the config flags' words too
     ):
         assert train.check_command_line(args) is None, args
 

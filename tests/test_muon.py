@@ -152,8 +152,8 @@ def test_muon_chosen_by_name_alone_is_refused_with_the_group_to_use(tmp_path):
         ),
         (
             ["+optim.momentum=0.9"],  # added to AdamW's settings, where it would be ignored
-            "error: optim.momentum is Muon's setting, and AdamW has none (its momentum is optim.betas): for AdamW "
-            "choose the group optim=adamw and leave optim.momentum out; for Muon choose optim=muon",
+            "error: unknown setting 'optim.momentum': optim=adamw has no such setting, optim=muon has; "
+            "choose optim=muon to use it, or leave it out",
         ),
         (
             ["optim=muon", "optim.name=adamw"],  # the group's momentum stays behind

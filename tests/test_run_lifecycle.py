@@ -245,6 +245,8 @@ def test_a_run_that_ended_at_its_time_limit_is_finished_until_given_a_longer_one
     assert snapshot(run) == before  # nothing written to the run
     assert train.check_command_line([f"resume={run}", "trainer.max_time=00:00:00:02"]) is not None  # shorter still
     assert train.check_command_line([f"resume={run}", "trainer.max_time=00:00:00:05"]) is None
+    earlier = sorted((run / "checkpoints").glob("step-*.ckpt"))[0]  # back to an earlier step: time is left from there
+    assert train.check_command_line([f"resume={earlier}"]) is None
 
 
 def test_a_run_with_both_limits_is_finished_by_the_one_it_reached():

@@ -435,7 +435,9 @@ def check_values(values: dict[str, Any]) -> dict[str, Any]:
             check_trainer_argument(key.split(".", 1)[1], value)
         elif inner := [name for name in SPEC if name.startswith(key + ".")]:  # logger.wandb=offline
             names = ", ".join(inner[:3]) + (", ..." if len(inner) > 3 else "")
-            choose = f" (to choose loggers: logger={key.split('.')[1]})" if key.startswith("logger.") else ""
+            choose = (
+                " (loggers are chosen with logger=NAME, a list, or logger=none)" if key.startswith("logger.") else ""
+            )
             raise SettingError(f"{key} holds settings ({names}), not one value; set one of them{choose}")
         elif not key.startswith("model."):
             raise SettingError(

@@ -44,7 +44,7 @@ from .checks import (
 )
 from .init_from import Start, kept_tokenizer, model_keys_in, start_from
 from .run_folder import SETTINGS_MARK as PREPARED
-from .run_folder import RunFolder, process_rank
+from .run_folder import RunFolder, process_rank, step_of
 
 log = logging.getLogger(__name__)
 
@@ -419,7 +419,10 @@ def continue_settings(checkpoint: Path, requested: dict[str, Any], named: Iterab
     run = checkpoint.parent.parent
     named = expand(named, requested, saved)
     values = continue_values(saved, requested, named, run)
-    check_continuation(values, header["step"], RunFolder(run).is_finished(), saved["trainer"])
+    folder = RunFolder(run)
+    finished = folder.is_finished()
+    at_its_end = finished and step_of(folder.checkpoint_to_resume()) <= header["step"]  # not an earlier checkpoint
+    check_continuation(values, header["step"], finished, saved["trainer"] if at_its_end else None)
     before = {key: lookup(values, key) for key in left_before if key in MACHINE_KEYS and key not in named}
     for key in before:
         put(values, key, None)  # for check() to choose for this machine
@@ -531,7 +534,8 @@ def continue_values(
 def check_continuation(values: dict[str, Any], step: int, finished: bool = True, was: dict | None = None) -> None:
     """A continued run with a step limit must have steps left to train, or, stopped after its last step
     and before its result was recorded (not `finished`), its end left to finish. A run that ended at
-    its time limit (the trainer settings it `was` run with) must be given a longer one."""
+    its time limit (the trainer settings it `was` run with, given when it is continued from its end)
+    must be given a longer one."""
     max_steps = values["trainer"]["max_steps"]
     max_time, max_time_was = values["trainer"].get("max_time"), (was or {}).get("max_time")
     ended_by_time = finished and max_time_was and not 0 < was["max_steps"] <= step
