@@ -551,7 +551,9 @@ def check_together(values: dict[str, Any]) -> None:
             f"optim.warmup_steps={warmup} is not below trainer.max_steps={max_steps}: the learning rate would never "
             f"reach optim.lr; use fewer warmup steps (e.g. optim.warmup_steps={max(0, max_steps // 10)})"
         )
-    if optim.get("name") == "adamw" and "momentum" in optim:  # +optim.momentum=0.9 with AdamW: it would be ignored
+    if (
+        optim.get("name") == "adamw" and "momentum" in optim
+    ):  # optim=muon optim.name=adamw: the momentum would be ignored
         raise SettingError(
             "optim.momentum is Muon's setting, and AdamW has none (its momentum is optim.betas): for AdamW choose "
             "the group optim=adamw and leave optim.momentum out; for Muon choose optim=muon"
