@@ -292,6 +292,7 @@ INFORMATION_FLAGS = (
     "-sc",
     "--version",
 )  # Hydra shows something; nothing is trained
+ONE_RUN_FLAGS = ("--cfg", "-c", "--info", "-i", "--shell-completion", "-sc")  # Hydra refuses them with -m
 CONFIG_FLAGS = ("--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd", "--experimental-rerun")
 
 
@@ -307,6 +308,15 @@ def information_overrides(args: list[str]) -> list[str]:
             overrides.append(arg)
         previous = arg
     return overrides
+
+
+def flag_word(args: list[str], names: tuple[str, ...]) -> str | None:
+    """The word a flag of a command line takes (--cfg job, --cfg=job), or None without the flag."""
+    for arg, following in zip(args, [*args[1:], None], strict=True):
+        name, equals, word = arg.partition("=")
+        if name in names:
+            return word if equals else following
+    return None
 
 
 class Launch:
@@ -326,15 +336,23 @@ class Launch:
         }
         self.multirun = any(f in ("-m", "--multirun") for f in self.flags)
         self.first = process_rank() == 0  # of the processes of a multi-process launch
+        self.shown: str | None = None  # what an information flag shows that Hydra cannot (continued_config)
 
     def hydra_args(self) -> list[str]:
         """Check the command line and choose its folder; the arguments to give Hydra."""
         flags = {flag.split("=")[0] for flag in self.flags}
         if flags & set(INFORMATION_FLAGS):
+            shown = next((f for f in self.flags if f.split("=")[0] in ONE_RUN_FLAGS), None)
+            if shown and self.multirun:
+                raise CommandLineError(
+                    f"{shown} shows what one run would use and -m starts a sweep of several: leave -m out to see "
+                    "one of its jobs (python train.py --cfg job optim.lr=1e-3 ...)"
+                )
             overrides = information_overrides(self.args)
             if overrides and not self.multirun:  # a misspelled key or group: one line, not Hydra's several
                 with Composer() as composer:
                     composer.compose(overrides)
+                    self.shown = self.continued_config(composer, overrides)
             return self.args
         if flags & set(CONFIG_FLAGS):
             raise CommandLineError(
@@ -356,6 +374,33 @@ class Launch:
         if checkpoint is not None:
             return self.resumed(folder, checkpoint, requested, named)
         return self.new_run(folder, requested, restarting)
+
+    def continued_config(self, composer: Composer, overrides: list[str]) -> str | None:
+        """--cfg job (or all) with resume=RUN: the settings that run would continue with, which Hydra's
+        own --cfg cannot show (it composes configs/ as for a new run); None for any other command line."""
+        word = flag_word(self.args, ("--cfg", "-c"))
+        if word not in ("job", "all") or not any(o.lstrip("+").split("=")[0] == "resume" for o in overrides):
+            return None
+        user = [o for o in overrides if not o.lstrip("+~").startswith("hydra.")]
+        requested = composer.compose(overrides, with_hydra=True)
+        requested.pop("hydra")
+        if not requested.get("resume"):
+            return None
+        named = named_settings(user, requested, composer.defaults)
+        folder, checkpoint, _ = self.choose(requested, named)
+        if checkpoint is None:  # resume=auto with no run of these settings: a new run, as Hydra shows it
+            return None
+        values = continue_settings(checkpoint, requested, named).values
+        package = flag_word(self.args, ("--package", "-p"))
+        if package:
+            found = lookup(values, package)
+            if found is ABSENT:
+                raise CommandLineError(f"--package {package}: the run's settings have no {package}")
+            values = found
+        if not isinstance(values, dict):  # one setting: its value alone, as Hydra shows one
+            return f"{values}\n"
+        package_line = f"# @package {package}\n" if package else ""
+        return f"# the settings {folder.path} continues with, from {checkpoint.name}\n{package_line}{OmegaConf.to_yaml(values)}"
 
     def choose(self, requested: dict, named: list[str]) -> tuple[RunFolder | None, Path | None, bool]:
         """(the run folder, or None for a new one named by the time; the checkpoint to continue from, or
@@ -783,11 +828,15 @@ def run_job(cfg: DictConfig) -> float | None:
 if __name__ == "__main__":
     signal.signal(signal.SIGINT, signal.default_int_handler)  # from here Ctrl-C is handled (see the top)
     try:
-        hydra_args = Launch(sys.argv[1:]).hydra_args()
+        launch = Launch(sys.argv[1:])
+        hydra_args = launch.hydra_args()
     except (*USER_ERRORS, CommandLineError) as err:
         sys.exit(f"error: {err}")
     except KeyboardInterrupt:
         stopped_by_ctrl_c()
+    if launch.shown is not None:
+        print(launch.shown, end="")
+        sys.exit(0)
     sys.argv = [sys.argv[0], *hydra_args]
     try:
         main()

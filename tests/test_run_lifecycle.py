@@ -228,6 +228,23 @@ def test_a_resumed_run_may_run_longer_and_keeps_its_first_settings_file(small_te
     )
 
 
+def test_cfg_job_beside_resume_shows_the_settings_the_run_continues_with(small_text, tmp_path):
+    run = stopped_run(small_text, tmp_path)
+    before = snapshot(tmp_path)
+    proc = run_script("train.py", "--cfg", "job", f"resume={run}", "trainer.max_steps=16", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.startswith(f"# the settings {run} continues with, from step-000006.ckpt\n")
+    shown = yaml.safe_load(proc.stdout)
+    assert shown["model"]["n_embd"] == 32 and shown["optim"]["lr"] == 2e-3  # the run's, not configs/' defaults
+    assert shown["data"]["path"] == str(small_text) and shown["trainer"]["max_steps"] == 16
+    one = run_script("train.py", "--cfg", "job", f"resume={run}", "-p", "model.n_layer", cwd=tmp_path)
+    assert one.stdout == "2\n", one.stderr[-2000:]
+    refused = run_script("train.py", "--cfg", "job", f"resume={run}", "model.n_layer=3", cwd=tmp_path)
+    assert refused.returncode != 0
+    assert one_error_line(refused.stderr).startswith("error: model.n_layer=3 contradicts the run being resumed")
+    assert snapshot(tmp_path) == before  # shown, nothing written: no lock, no record of a resume
+
+
 def test_a_run_that_ended_at_its_time_limit_is_finished_until_given_a_longer_one(small_text, tmp_path):
     args = run_args(
         small_text, "trainer.max_steps=-1", "trainer.max_time=00:00:00:03", "trainer.val_check_interval=1000"
