@@ -24,13 +24,14 @@ if __name__ == "__main__":
 import itertools
 import logging
 import math
+import os
 import re
 import shlex
 import shutil
 import sys
 from datetime import datetime
 from pathlib import Path
-from typing import NoReturn
+from typing import NamedTuple, NoReturn
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -56,10 +57,11 @@ from training.run_folder import (
     process_rank,
     resumable_runs,
     script,
+    sweep_continue_command,
     take_back_claims,
 )
 from training.settings import check, continue_settings, differing_leaves, expand, matches, named_leaves
-from training.sweep import result_record, summarize
+from training.sweep import OBJECTIVE, result_record, summarize
 
 log = logging.getLogger("train")
 
@@ -170,6 +172,11 @@ class Composer:
             removed = re.match(r"Could not delete '([^']+)'", str(err))
             if removed and (CONFIG_DIR / removed.group(1)).is_dir():
                 raise CommandLineError(no_group_choice(removed.group(1), f"~{removed.group(1)}")) from None
+            absent = re.match(r"Could not delete from config\. '([^']+)' does not exist", str(err))
+            if absent:  # ~key of a setting there is none of
+                key = absent.group(1)
+                chosen = self.choices([o for o in overrides if o.lstrip("+~").split("=")[0] != key])
+                raise CommandLineError(f"~{key}: {unknown_setting(key, self.defaults, overrides, chosen)}") from None
             cause = err.__cause__
             if (cause is not None and "not in struct" in str(cause)) or str(err).startswith("Could not override"):
                 key = str(err).split("'")[1]
@@ -449,6 +456,12 @@ class Launch:
                 folder.check_new(chosen_by, restarting=restarting)
             if self.first and self.claim_folders:
                 claim(folder, new=True)
+                if restarting and folder.clear_start():
+                    print(
+                        f"this job was restarted by its scheduler: {folder.path} stopped before its first "
+                        "checkpoint, so it starts again",
+                        file=sys.stderr,
+                    )
         elif not self.first:
             raise RunFolderError(
                 "processes started by a launcher need one run folder: pass hydra.run.dir=DIR (or torchrun --rdzv-id=NAME)"
@@ -478,11 +491,14 @@ class Launch:
     def sweep(self, composer: Composer) -> list[str]:
         """-m: every value of every swept setting is checked (of the command line, and the choices of a
         search such as hparams_search=optuna), then the sweep gets one new folder, unless
-        hydra.sweep.dir names one."""
-        if any(
-            o.lstrip("+").partition("=")[0] == "resume" and o.partition("=")[2] not in ("", "null") for o in self.user
-        ):
-            raise CommandLineError("resume= continues one run: run it without -m (python train.py resume=RUN)")
+        hydra.sweep.dir names one; -m resume=SWEEP continues a sweep in its own."""
+        resume = [o.partition("=")[2] for o in self.user if o.lstrip("+").partition("=")[0] == "resume"]
+        if resume and resume[-1] not in ("", "null"):
+            return self.continued_sweep(composer, resume[-1])
+        self.check_sweep(composer)
+        return self.sweep_folder()
+
+    def check_sweep(self, composer: Composer) -> None:
         parsed, hydra_parsed = parse_overrides(self.user), parse_overrides(self.hydra_overrides)
         for override in hydra_parsed:
             if override.is_sweep_override():
@@ -544,6 +560,8 @@ class Launch:
                 f"hydra.sweep.subdir={subdir} names the same folder for every job of the sweep; leave it out "
                 "(each job gets a numbered folder) or make it differ, e.g. 'hydra.sweep.subdir=${hydra.job.num}'"
             )
+
+    def sweep_folder(self) -> list[str]:
         if self.hydra.get("hydra.sweep.dir"):
             folder = Path(self.hydra["hydra.sweep.dir"]).expanduser()
             owner = RunFolder(folder).held_by() if folder.is_dir() else None
@@ -568,6 +586,54 @@ class Launch:
             return [*self.args, f"hydra.sweep.dir={shared.path}"]
         return [*self.args, f"hydra.sweep.dir={claim_sweep(claim_new_folder(SWEEPS_ROOT)).folder.path}"]
 
+    def continued_sweep(self, composer: Composer, given: str) -> list[str]:
+        """-m resume=SWEEP: the sweep's own command line again (from the folder it was started in), into
+        its folder, checked as it was: jobs that finished are kept as they are, a stopped one continues
+        from its checkpoint, one stopped before its first checkpoint starts again, and those that never
+        ran run (run_job asks each job's folder which: RunFolder.continuation)."""
+        if given == "auto":
+            raise CommandLineError("resume=auto continues one run: run it without -m (python train.py resume=auto ...)")
+        others = [o for o in self.overrides if o.lstrip("+").partition("=")[0] != "resume"]
+        if others:
+            raise CommandLineError(
+                f"-m resume={given} continues the sweep with its own command line; leave out {others[0]} (a "
+                "job of it continues with settings of its own as python train.py resume=SWEEP/N ...)"
+            )
+        folder = RunFolder(given).path
+        started = sweep_record(folder, given)
+        owner = RunFolder(folder).held_by()
+        if owner:
+            raise RunFolderError(
+                f"the sweep {folder} is under way ({owner}); wait for it to end (or stop it), then continue it"
+            )
+        if self.claim_folders and Path(started.cwd).is_dir():
+            os.chdir(started.cwd)  # its relative paths (data.path=input.txt) name what they named
+        recorded = [
+            o
+            for o in started.hydra
+            if o.lstrip("+").partition("=")[0] not in ("hydra.sweep.dir", "hydra.mode", "hydra.output_subdir")
+        ]
+        args = [
+            *self.flags,
+            *started.task,
+            *recorded,
+            f"hydra.sweep.dir={folder}",
+            f"hydra.output_subdir=${{{JOB_RECORD}:}}",
+        ]
+        again = Launch(args, claim_folders=self.claim_folders)
+        again.check_sweep(composer)
+        numbered = "hydra.sweep.subdir" not in again.hydra and not any("glob(" in o for o in again.user)
+        jobs = [RunFolder(folder / str(n)) for n in range(len(sweep_combinations(again.user, limit=math.inf)))]
+        if numbered and all(job.is_finished() for job in jobs):
+            raise CommandLineError(
+                f"every job of the sweep {folder} finished (its summary: {folder / 'summary.csv'}); to train "
+                f"one further, continue it alone: python train.py resume={folder}/N trainer.max_steps=..."
+            )
+        if self.claim_folders:
+            claim_sweep(Claim.existing(RunFolder(folder)))
+            os.environ[CONTINUED_SWEEP] = str(folder)
+        return args
+
     def sweep_of_launch(self) -> list[str]:
         """-m in a process the first of a launch did not start: torchrun's and SLURM's derive the sweep
         folder the first chose; Lightning's own launcher hands it over on the command line."""
@@ -575,6 +641,61 @@ class Launch:
         if shared is None or self.hydra.get("hydra.sweep.dir"):
             return self.args
         return [*self.args, f"hydra.sweep.dir={shared.path}"]
+
+
+class SweepRecord(NamedTuple):
+    task: list[str]  # the command line's overrides, as given
+    hydra: list[str]  # the hydra.* ones, and those Hydra adds (hydra.mode=MULTIRUN)
+    cwd: str  # where it was started
+
+
+def sweep_record(folder: Path, given: str) -> SweepRecord:
+    """Hydra's settings of the sweep at folder as it was started (its multirun.yaml), for continuing it."""
+    record = folder / "multirun.yaml"
+    if not record.is_file():
+        if RunFolder(folder).holds_run():
+            raise CommandLineError(
+                f"resume={given} is a run, not a sweep: continue it without -m (python train.py resume={given})"
+            )
+        raise CommandLineError(
+            f"resume={given} with -m continues a sweep: give its folder (multirun/DATE/TIME, the one holding "
+            "multirun.yaml and the jobs' numbered folders)"
+        )
+    try:
+        started = OmegaConf.to_container(OmegaConf.load(record).hydra, resolve=False)  # as the command line gave them
+        target, overrides, cwd = started["sweeper"]["_target_"], started["overrides"], started["runtime"]["cwd"]
+        task, hydra_given = [str(o) for o in overrides["task"]], [str(o) for o in overrides["hydra"]]
+    except Exception as err:
+        raise CommandLineError(f"resume={given}: {record} cannot be read as a sweep's record ({err})") from None
+    if "optuna" in str(target).lower():
+        raise CommandLineError(
+            f"resume={given} is a search, which is not continued in its folder: run it again with the same "
+            "hydra.sweeper.storage to add trials to its study; a stopped trial continues alone with python "
+            f"train.py resume={folder}/N"
+        )
+    return SweepRecord(task, hydra_given, str(cwd))
+
+
+CONTINUED_SWEEP = "TINYGPT2_CONTINUED_SWEEP"  # the sweep folder a -m resume= launch continues
+JOB_RECORD = "tinygpt2_job_record"
+_JOB_RECORDS: dict[str, str | None] = {}
+
+
+def job_record() -> str | None:
+    """hydra.output_subdir of a job of a continued sweep: Hydra's record of the command where the job
+    starts, a resume's record beside the first where it continues, none where it had finished (decided
+    once per job, before the job changes its folder)."""
+    folder = RunFolder(HydraConfig.get().runtime.output_dir)
+    if str(folder.path) not in _JOB_RECORDS:
+        state = folder.continuation()
+        stamp = datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+        _JOB_RECORDS[str(folder.path)] = {"finished": None, "resume": RunFolder.resume_record(stamp)}.get(
+            state, ".hydra"
+        )
+    return _JOB_RECORDS[str(folder.path)]
+
+
+OmegaConf.register_new_resolver(JOB_RECORD, job_record, replace=True)
 
 
 def search_lacks(key: str, composed: dict, user: list[str]) -> str:
@@ -652,7 +773,7 @@ def check_storage(storage) -> None:
             )
 
 
-def sweep_combinations(overrides: list[str], limit: int = 64) -> list[list[str]]:
+def sweep_combinations(overrides: list[str], limit: float = 64) -> list[list[str]]:
     """Override lists that together cover every value of each swept setting: all combinations when
     there are at most `limit`, else each value beside the others' first. Ranges that cannot be
     listed (Optuna's interval, a glob of choices) keep their defaults here and are checked in each job."""
@@ -722,6 +843,8 @@ def stopped_by_ctrl_c(run_dir: Path | None = None, resume_record: Path | None = 
         kept.append(RunFolder(run_dir))
     if kept:
         print(f"\nstopped; continue with: {kept[0].continue_command()}", file=sys.stderr)
+        if kept[0].sweep():
+            print(f"or the sweep, this job and the rest: {sweep_continue_command(kept[0].sweep())}", file=sys.stderr)
     elif run_dir is None:
         print("\nstopped before training began; nothing was written", file=sys.stderr)
     else:
@@ -764,6 +887,28 @@ def log_libraries_to_file() -> None:
     logging.captureWarnings(True)
 
 
+def continue_job(cfg: DictConfig, folder: RunFolder) -> float | None:
+    """A job of a sweep being continued (python train.py -m resume=SWEEP), before it trains: one that
+    finished is kept as it is (its objective returned), a stopped one continues from its checkpoint, and
+    what one that stopped before its first checkpoint wrote goes; None where it trains."""
+    state = folder.continuation()
+    if state == "finished":
+        result = folder.read_result()
+        log.info("job %s finished before (%s); kept as it is", folder.path.name, describe_result(result))
+        return result.get("metrics", {}).get(OBJECTIVE, math.inf)
+    if state == "resume":
+        with open_dict(cfg):
+            cfg.resume = str(folder.checkpoint_to_resume())
+    elif state == "again" and process_rank() == 0:
+        folder.clear_start()
+    return None
+
+
+def describe_result(result: dict) -> str:
+    metrics = result.get("metrics", {})
+    return ", ".join(f"{m} {metrics[m]:.4f}" for m in ("val/loss", OBJECTIVE) if m in metrics) or "no metrics"
+
+
 def run_job(cfg: DictConfig) -> float | None:
     """main's work: train the run Hydra composed, and say how it ended."""
     from training.run import describe_metrics, train  # Lightning: loaded once the command line is known to be good
@@ -776,6 +921,10 @@ def run_job(cfg: DictConfig) -> float | None:
     run_dir = Path(hydra_cfg.runtime.output_dir)
     overrides = list(hydra_cfg.overrides.task)
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
+    if multirun and os.environ.get(CONTINUED_SWEEP) == str(RunFolder(hydra_cfg.sweep.dir).path):
+        kept = continue_job(cfg, RunFolder(run_dir))
+        if kept is not None:
+            return kept
     requested = OmegaConf.to_container(cfg, resolve=True)
     with_defaults = hydra.compose("train", overrides=[])
     named = named_settings(
@@ -793,8 +942,8 @@ def run_job(cfg: DictConfig) -> float | None:
         if not multirun or isinstance(err, CheckpointSaveError):  # a full disk stops a sweep too
             sys.exit(f"error: {err}")
         log.error("error: %s", err)  # one job of a sweep: recorded, and the sweep goes on
-        if isinstance(err, RunFolderError):  # a folder this job could not have: whatever is there stays
-            return math.inf
+        if isinstance(err, RunFolderError) or requested.get("resume"):  # a folder this job could not have, or
+            return math.inf  # a stopped job of a sweep that could not continue: whatever is there stays
         run_dir.mkdir(parents=True, exist_ok=True)
         RunFolder(run_dir).write_result(result_record(RunFolder(run_dir), overrides, requested, {}, False, str(err)))
         return math.inf
@@ -809,7 +958,10 @@ def run_job(cfg: DictConfig) -> float | None:
         )
         if multirun:
             summarize(Path(hydra_cfg.sweep.dir))
-            log.warning("the sweep stops here; the jobs after this one did not run")
+            log.warning(
+                "the sweep stops here; continue it, this job and the rest, with: %s",
+                sweep_continue_command(Path(hydra_cfg.sweep.dir)),
+            )
             sys.exit(0)
         return None
     log.info("done: %s", describe_metrics(result.metrics))

@@ -241,7 +241,7 @@ BAD_SETTINGS = [
     ),
     (["hparams_search=optuna"], "hparams_search is a search over many runs: add -m"),
     (["-m", "optim.lr=1e-3,0"], "optim.lr must be above 0, got 0"),  # every value of a sweep is checked first
-    (["-m", "resume=auto"], "resume= continues one run: run it without -m"),
+    (["-m", "resume=auto"], "resume=auto continues one run: run it without -m"),
     (["-m", "--cfg", "job", "optim.lr=1e-3,2e-3"], "--cfg shows what one run would use and -m starts a sweep"),
     (["--info", "-m"], "--info shows what one run would use and -m starts a sweep of several: leave -m out"),
     (["-m", "hydra.sweep.dir=~/s", "optim.lr=1e-3,2e-3"], "hydra.sweep.dir=~/s: a value cannot start with ~ on this"),
@@ -294,6 +294,7 @@ BAD_SETTINGS = [
     (["logger=[csv,bogus]"], "logger=bogus is not a choice; choose one of: csv, none, tensorboard, wandb"),
     (["optim.lr=1e-3,2e-3"], "optim.lr=1e-3,2e-3 gives several values: to train one run for each, add -m"),
     (["~model.n_layer"], "model.n_layer is missing, and a run needs it"),
+    (["~optim.lrr"], "~optim.lrr: unknown setting 'optim.lrr' (did you mean optim.lr?); check the spelling"),
     # Lightning settings that would end a run without a step, or train past its schedule without validating
     (["trainer.max_epochs=0"], "trainer.max_epochs must be at least 1 (or -1 for no limit), got 0"),
     (["trainer.min_steps=100"], "trainer.min_steps cannot be set: a run trains exactly trainer.max_steps steps"),

@@ -375,12 +375,61 @@ def test_a_sweep_stopped_by_ctrl_c_and_its_job_continued_as_printed(small_text, 
 
     printed = [line.split("Continue with: ", 1)[1] for line in (out + err).splitlines() if "Continue with: " in line]
     assert printed == [f"python {ROOT / 'train.py'} resume={sweep / '0'}"]
+    whole = [line.split("the rest, with: ", 1)[1] for line in (out + err).splitlines() if "the rest, with: " in line]
+    assert whole == [f"python {ROOT / 'train.py'} -m resume={sweep}"]
     resumed = run_printed(printed[0], tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     rows = list(csv.DictReader(open(sweep / "summary.csv")))  # brought up to date by the continued job
     assert [(r["run"], r["optim.lr"], r["finished"], r["best"]) for r in rows] == [("0", "0.001", "true", "*")]
     result = json.loads((sweep / "0" / "result.json").read_text())
     assert "optim.lr=0.001" in result["overrides"] and result["resumed_with"][0].startswith("resume=")
+
+    job = snapshot(sweep / "0")
+    rest = run_printed(whole[0], tmp_path)
+    assert rest.returncode == 0, rest.stderr[-2000:]
+    assert "job 0 finished before" in rest.stdout + rest.stderr
+    assert {k: v for k, v in snapshot(sweep / "0").items() if not k.endswith("train.log")} == {
+        k: v for k, v in job.items() if not k.endswith("train.log")
+    }  # a finished job is kept as it is
+    rows = list(csv.DictReader(open(sweep / "summary.csv")))  # the job that never ran has run
+    assert [(r["run"], r["optim.lr"], r["finished"]) for r in rows] == [("0", "0.001", "true"), ("1", "0.003", "true")]
+
+
+def test_a_killed_sweep_continues_in_its_folder_each_job_from_where_it_stood(small_text, reference, tmp_path):
+    """-m resume=SWEEP: a job that finished is kept, the killed one continues from its checkpoint (ending
+    bit for bit as a run never stopped), the one that never ran runs; then the sweep is finished."""
+    lengths = "trainer.max_steps=6,12,14"  # job 0 finishes before step 7, job 1 is killed after it, job 2 waits
+    finish(start_script("train.py", "-m", *run_args(small_text), lengths, cwd=tmp_path, failpoint="kill:7"))
+    (sweep,) = tmp_path.glob("multirun/*/*")
+    assert sorted(p.name for p in sweep.iterdir() if p.is_dir()) == ["0", "1"]
+    kept = {k: v for k, v in snapshot(sweep / "0").items() if not k.endswith("train.log")}
+
+    elsewhere = tmp_path / "elsewhere"  # continued from another folder, it runs where it was started
+    elsewhere.mkdir()
+    proc = run_script("train.py", "-m", f"resume={sweep}", cwd=elsewhere)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert {k: v for k, v in snapshot(sweep / "0").items() if not k.endswith("train.log")} == kept
+    assert_bit_equal(sweep / "1" / "checkpoints" / "last.ckpt", reference / "checkpoints" / "last.ckpt")
+    assert [p.name for p in (sweep / "1" / ".hydra").glob("resume-*")] and not list(
+        (sweep / "2" / ".hydra").glob("resume-*")
+    )
+    rows = list(csv.DictReader(open(sweep / "summary.csv")))
+    assert [(r["run"], r["trainer.max_steps"], r["finished"]) for r in rows] == [
+        ("0", "6", "true"), ("1", "12", "true"), ("2", "14", "true"),
+    ]  # fmt: skip
+    assert not any(elsewhere.iterdir())
+
+    assert train.check_command_line(["-m", f"resume={sweep}"]).startswith(f"every job of the sweep {sweep} finished")
+    assert train.check_command_line(["-m", f"resume={sweep}", "optim.lr=1"]).startswith(
+        f"-m resume={sweep} continues the sweep with its own command line; leave out optim.lr=1"
+    )
+    assert train.check_command_line(["-m", f"resume={sweep / '1'}"]).startswith(
+        f"resume={sweep / '1'} is a run, not a sweep: continue it without -m"
+    )
+    (sweep / "multirun.yaml").write_text("hydra:\n  overrides: [")  # a record cut short
+    assert train.check_command_line(["-m", f"resume={sweep}"]).startswith(
+        f"resume={sweep}: {sweep / 'multirun.yaml'} cannot be read"
+    )
 
 
 def test_ctrl_c_before_a_sweep_job_has_a_checkpoint_takes_the_sweep_back(small_text, tmp_path):
@@ -465,6 +514,9 @@ def test_an_optuna_search_records_every_trial_and_the_best(small_text, tmp_path)
     bpcs = [r["metrics"]["val/bpc"] for r in summary["runs"]]
     assert len(bpcs) == 2 and summary["best"]["val/bpc"] == min(bpcs)
     assert len(list(csv.DictReader(open(sweep / "summary.csv")))) == 2
+    assert train.check_command_line(["-m", f"resume={sweep}"]).startswith(
+        f"resume={sweep} is a search, which is not continued in its folder: run it again with the same"
+    )
     optuna = yaml.safe_load((sweep / "optimization_results.yaml").read_text())
     assert optuna["best_value"] == pytest.approx(min(bpcs))  # what main() returned is what Optuna minimised
     trial_lrs = {r["config"]["optim"]["lr"] for r in summary["runs"]}
@@ -565,6 +617,38 @@ def test_a_folder_of_the_users_own_files_is_refused_and_left_as_it_was(small_tex
     with pytest.raises(RunFolderError, match="holds files that are not a run's"):  # the Python API too
         train_run(compose_config(*run_args(small_text)), mine)
     assert snapshot(mine, itself=False) == before and (mine / "config.yaml").read_text() == "mine: true\n"
+
+
+SLURM = {
+    "SLURM_JOB_ID": "4242",
+    "SLURM_JOB_NAME": "tinygpt2",
+    "SLURM_NTASKS": "1",
+    "SLURM_NTASKS_PER_NODE": "1",
+    "SLURM_NODELIST": "localhost",
+    "SLURM_PROCID": "0",
+    "SLURM_LOCALID": "0",
+    "SLURM_NODEID": "0",
+}
+
+
+def test_a_slurm_job_requeued_before_its_first_checkpoint_starts_again(small_text, reference, tmp_path):
+    first = start_script(
+        "train.py", *run_args(small_text), cwd=tmp_path, failpoint="kill:2", env={**os.environ, **SLURM}
+    )
+    finish(first)
+    run = tmp_path / "outputs" / "slurm-4242"
+    assert (
+        first.returncode == -signal.SIGKILL and (run / "config.yaml").is_file() and not (run / "checkpoints").exists()
+    )
+    requeued = run_script(
+        "train.py", *run_args(small_text), cwd=tmp_path, env={**os.environ, **SLURM, "SLURM_RESTART_COUNT": "1"}
+    )
+    assert requeued.returncode == 0, requeued.stderr[-2000:]
+    assert "stopped before its first checkpoint, so it starts again" in requeued.stderr
+    assert_bit_equal(run / "checkpoints" / "last.ckpt", reference / "checkpoints" / "last.ckpt")
+    assert [int(r["step"]) for r in csv.DictReader(open(run / "metrics.csv")) if r.get("train/loss")] == sorted(
+        {int(r["step"]) for r in csv.DictReader(open(run / "metrics.csv")) if r.get("train/loss")}
+    )  # the first start's rows went with it: each step once
 
 
 def test_a_requeued_slurm_job_continues_its_run(small_text, reference, tmp_path, monkeypatch):

@@ -7,7 +7,7 @@ the checkpoint names generation.checkpoint reads run folders by, which it define
          checkpoints/step-NNNNNN.ckpt, last.ckpt (a link to the newest step file), best.ckpt
          checkpoints/superseded/ those after the checkpoint a resume= went back to
          result.json             the final metrics, written when the run ends or stops
-         metrics.csv, loss.png, samples.md, tensorboard/, wandb/, .wandb_id
+         metrics.csv, hparams.yaml, loss.png, samples.md, tensorboard/, wandb/, .wandb_id
          wandb/data/             wandb's data folder (artifacts staged for an offline run's sync)
          .hydra/, train.log      Hydra's record of the command line, and the log
          .lock                   held by the process training the run
@@ -95,6 +95,10 @@ class RunFolder:
         return f".hydra/resume-{stamp}"
 
     STARTING_FILES = (".lock", *HYDRA_FILES)  # what a starting run holds before it checks its folder
+    RUN_FILES = (  # what a run writes beside them (the loggers' files too)
+        "config.yaml", "tokenizer.json", CHECKPOINTS_DIR, "result.json", "metrics.csv", "hparams.yaml",
+        "loss.png", "samples.md", "tensorboard", "wandb", ".wandb_id",
+    )  # fmt: skip
 
     # ---- what the folder holds ---------------------------------------------------------------------
 
@@ -155,6 +159,34 @@ class RunFolder:
                 f"{chosen_by}={self.path} holds files that are not a run's ({listed}); a run writes config.yaml, "
                 "metrics.csv, checkpoints/ and more there, so choose a new or empty folder"
             )
+
+    def continuation(self) -> str:
+        """What continuing what is in this folder means: "finished" (nothing is left to do), "resume"
+        (from its newest checkpoint), "again" (a start that stopped before its first checkpoint, or was
+        refused: clear_start, then start anew) or "new" (no run is here)."""
+        if self.is_finished():
+            return "finished"
+        if self.has_checkpoint():
+            return "resume"
+        return "again" if self.started() or self.result_file.is_file() else "new"
+
+    def clear_start(self) -> list[str]:
+        """Remove what a run that stopped before its first checkpoint wrote (as a Ctrl-C at that point
+        takes it back), for it to start again here: a scheduler's requeue, a sweep continued. Hydra's
+        record and the log stay, and so does anything that is not a run's file. Returns what went."""
+        if any(self.checkpoints.rglob("*.ckpt")):
+            raise RunFolderError(f"{self.path} holds checkpoints: continue it with resume={self.path}")
+        removed = []
+        for name in self.RUN_FILES:
+            path = self.path / name
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            elif path.exists() or path.is_symlink():
+                path.unlink()
+            else:
+                continue
+            removed.append(name)
+        return removed
 
     def is_finished(self) -> bool:
         return bool(self.read_result().get("finished"))
@@ -410,6 +442,11 @@ def script(name: str) -> str:
     """One of the project's scripts as a command to paste here names it: by its name in the project's
     own folder, else by its full path (a run started from elsewhere, as python /path/to/train.py)."""
     return name if Path.cwd().resolve() == PROJECT else shlex.quote(str(PROJECT / name))
+
+
+def sweep_continue_command(sweep: str | os.PathLike) -> str:
+    """The command that continues a sweep stopped part way, quoted to be pasted as it is printed."""
+    return f"python {script('train.py')} -m {shlex.quote(f'resume={RunFolder(sweep).path}')}"
 
 
 def launcher_run_name(environ=os.environ) -> str | None:

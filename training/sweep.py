@@ -172,7 +172,7 @@ class SweepSummary(Callback):
             log.info(
                 "best: %s (%s), %s %.4f",
                 best["run"],
-                " ".join(best["overrides"]) or "defaults",
+                " ".join(o for o in best["overrides"] if o.lstrip("+").partition("=")[0] in swept) or "defaults",
                 OBJECTIVE,
                 best[OBJECTIVE],
             )
