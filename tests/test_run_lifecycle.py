@@ -652,16 +652,7 @@ def test_a_slurm_job_requeued_before_its_first_checkpoint_starts_again(small_tex
 
 
 def test_a_requeued_slurm_job_continues_its_run(small_text, reference, tmp_path, monkeypatch):
-    slurm = {
-        "SLURM_JOB_ID": "4242",
-        "SLURM_JOB_NAME": "tinygpt2",
-        "SLURM_NTASKS": "1",
-        "SLURM_NTASKS_PER_NODE": "1",
-        "SLURM_NODELIST": "localhost",
-        "SLURM_PROCID": "0",
-        "SLURM_LOCALID": "0",
-        "SLURM_NODEID": "0",
-    }
+    slurm = SLURM
     first = start_script(
         "train.py", *run_args(small_text), cwd=tmp_path, failpoint="kill:7", env={**os.environ, **slurm}
     )
