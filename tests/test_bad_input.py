@@ -475,6 +475,7 @@ COVERED_ELSEWHERE = {
     "a tokenizer setting with `init_from=` (`tokenizer=char`)": "test_init_from.py::test_train_py_refuses_a_tokenizer_override_with_init_from_in_one_line",
     "a setting that contradicts the run being resumed (`resume=RUN model.n_layer=4`)": "test_run_lifecycle.py::test_a_contradicting_setting_beside_resume_is_refused",
     "a run that another process is training": "test_run_lifecycle.py::test_a_second_process_on_a_running_run_is_refused",
+    "a setting beside a sweep being continued (`-m resume=SWEEP optim.lr=1`)": "test_run_lifecycle.py::test_a_killed_sweep_continues_in_its_folder_each_job_from_where_it_stood",
     "a time-limited run that reached its limit (`resume=RUN`)": "test_run_lifecycle.py::test_a_run_that_ended_at_its_time_limit_is_finished_until_given_a_longer_one",
 }
 
