@@ -56,6 +56,7 @@ from training.run_folder import (
     launcher_restarted,
     process_rank,
     resumable_runs,
+    run_where_started,
     script,
     sweep_continue_command,
     take_back_claims,
@@ -492,8 +493,13 @@ class Launch:
         """-m: every value of every swept setting is checked (of the command line, and the choices of a
         search such as hparams_search=optuna), then the sweep gets one new folder, unless
         hydra.sweep.dir names one; -m resume=SWEEP continues a sweep in its own."""
-        resume = [o.partition("=")[2] for o in self.user if o.lstrip("+").partition("=")[0] == "resume"]
-        if resume and resume[-1] not in ("", "null"):
+        resume = [o.partition("=")[2] for o in self.user if "=" in o and o.lstrip("+").partition("=")[0] == "resume"]
+        if resume and resume[-1] in ("", "null"):  # an unset shell variable: not a new sweep of the defaults
+            raise CommandLineError(
+                f"resume={resume[-1]} with -m names no sweep to continue: give its folder (python train.py -m "
+                "resume=multirun/DATE/TIME), or leave resume= out to start a new sweep"
+            )
+        if resume:
             return self.continued_sweep(composer, resume[-1])
         self.check_sweep(composer)
         return self.sweep_folder()
@@ -606,8 +612,14 @@ class Launch:
             raise RunFolderError(
                 f"the sweep {folder} is under way ({owner}); wait for it to end (or stop it), then continue it"
             )
-        if self.claim_folders and Path(started.cwd).is_dir():
-            os.chdir(started.cwd)  # its relative paths (data.path=input.txt) name what they named
+        if not Path(started.cwd).is_dir():
+            raise RunFolderError(
+                f"the sweep {folder} was started in {started.cwd}, which is gone, and what its command line names "
+                f"there cannot be found; restore that folder, or continue its stopped jobs alone with "
+                f"{continue_command(folder / 'N')}"
+            )
+        if self.claim_folders:
+            run_where_started(started.cwd)  # its relative paths (data.path=input.txt) name what they named
         recorded = [
             o
             for o in started.hydra
@@ -621,16 +633,19 @@ class Launch:
             f"hydra.output_subdir=${{{JOB_RECORD}:}}",
         ]
         again = Launch(args, claim_folders=self.claim_folders)
-        again.check_sweep(composer)
+        try:
+            again.check_sweep(composer)
+        except (*USER_ERRORS, CommandLineError) as err:
+            raise CommandLineError(f"the sweep {folder} cannot continue as it was started: {err}") from None
         numbered = "hydra.sweep.subdir" not in again.hydra and not any("glob(" in o for o in again.user)
         jobs = [RunFolder(folder / str(n)) for n in range(len(sweep_combinations(again.user, limit=math.inf)))]
         if numbered and all(job.is_finished() for job in jobs):
             raise CommandLineError(
                 f"every job of the sweep {folder} finished (its summary: {folder / 'summary.csv'}); to train "
-                f"one further, continue it alone: python train.py resume={folder}/N trainer.max_steps=..."
+                f"one further, continue it alone: {continue_command(folder / 'N')} trainer.max_steps=..."
             )
         if self.claim_folders:
-            claim_sweep(Claim.existing(RunFolder(folder)))
+            claim_sweep(Claim.existing(RunFolder(folder)))  # another continue started at the same moment: refused
             os.environ[CONTINUED_SWEEP] = str(folder)
         return args
 
@@ -653,25 +668,35 @@ def sweep_record(folder: Path, given: str) -> SweepRecord:
     """Hydra's settings of the sweep at folder as it was started (its multirun.yaml), for continuing it."""
     record = folder / "multirun.yaml"
     if not record.is_file():
-        if RunFolder(folder).holds_run():
+        try:
+            folder_of(folder)
+        except RunFolderError:  # no run either
+            where = "does not exist" if not folder.exists() else "is not a sweep's folder"
             raise CommandLineError(
-                f"resume={given} is a run, not a sweep: continue it without -m (python train.py resume={given})"
-            )
+                f"resume={given} {where}; with -m, resume= continues a sweep: give its folder (multirun/DATE/TIME, "
+                "the one holding multirun.yaml and the jobs' numbered folders)"
+            ) from None
         raise CommandLineError(
-            f"resume={given} with -m continues a sweep: give its folder (multirun/DATE/TIME, the one holding "
-            "multirun.yaml and the jobs' numbered folders)"
+            f"resume={given} is a run, not a sweep: continue it without -m ({continue_command(folder)})"
         )
     try:
         started = OmegaConf.to_container(OmegaConf.load(record).hydra, resolve=False)  # as the command line gave them
         target, overrides, cwd = started["sweeper"]["_target_"], started["overrides"], started["runtime"]["cwd"]
-        task, hydra_given = [str(o) for o in overrides["task"]], [str(o) for o in overrides["hydra"]]
+        task, hydra_given = overrides["task"], overrides["hydra"]
+        lists = isinstance(task, list) and isinstance(hydra_given, list) and isinstance(cwd, str)
+        if not lists or not all(isinstance(o, str) and ("=" in o or o.startswith("~")) for o in [*task, *hydra_given]):
+            raise ValueError("its overrides are not lists of key=value")
     except Exception as err:
-        raise CommandLineError(f"resume={given}: {record} cannot be read as a sweep's record ({err})") from None
+        problem = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise CommandLineError(
+            f"resume={given}: {record} cannot be read as a sweep's record ({problem}); continue its stopped jobs "
+            f"alone with {continue_command(folder / 'N')}"
+        ) from None
     if "optuna" in str(target).lower():
         raise CommandLineError(
             f"resume={given} is a search, which is not continued in its folder: run it again with the same "
-            "hydra.sweeper.storage to add trials to its study; a stopped trial continues alone with python "
-            f"train.py resume={folder}/N"
+            "hydra.sweeper.storage to add trials to its study; a stopped trial continues alone with "
+            f"{continue_command(folder / 'N')}"
         )
     return SweepRecord(task, hydra_given, str(cwd))
 
@@ -841,14 +866,22 @@ def stopped_by_ctrl_c(run_dir: Path | None = None, resume_record: Path | None = 
         shutil.rmtree(resume_record, ignore_errors=True)  # a resume that never started leaves its run as it was
     if run_dir is not None and RunFolder(run_dir).has_checkpoint():
         kept.append(RunFolder(run_dir))
-    if kept:
-        print(f"\nstopped; continue with: {kept[0].continue_command()}", file=sys.stderr)
-        if kept[0].sweep():
-            print(f"or the sweep, this job and the rest: {sweep_continue_command(kept[0].sweep())}", file=sys.stderr)
-    elif run_dir is None:
-        print("\nstopped before training began; nothing was written", file=sys.stderr)
-    else:
-        print("\nstopped before the run's first checkpoint; nothing was kept", file=sys.stderr)
+    runs = [folder for folder in kept if folder.has_checkpoint()]
+    sweeps = [folder.sweep() for folder in runs if folder.sweep()] or [
+        folder.path for folder in kept if (folder.path / "multirun.yaml").is_file()
+    ]
+    if runs:
+        print(f"\nstopped; continue with: {runs[0].continue_command()}", file=sys.stderr)
+    if sweeps:  # a stop between two jobs of a sweep too
+        said = "or the sweep, this job and the rest" if runs else "\nstopped; continue the sweep with"
+        print(f"{said}: {sweep_continue_command(sweeps[0])}", file=sys.stderr)
+    elif not runs:
+        said = (
+            "before training began; nothing was written"
+            if run_dir is None
+            else "before the run's first checkpoint; nothing was kept"
+        )
+        print(f"\nstopped {said}", file=sys.stderr)
     sys.exit(130)
 
 
@@ -887,6 +920,10 @@ def log_libraries_to_file() -> None:
     logging.captureWarnings(True)
 
 
+def continue_command(run: Path) -> str:
+    return RunFolder(run).continue_command()
+
+
 def continue_job(cfg: DictConfig, folder: RunFolder) -> float | None:
     """A job of a sweep being continued (python train.py -m resume=SWEEP), before it trains: one that
     finished is kept as it is (its objective returned), a stopped one continues from its checkpoint, and
@@ -900,7 +937,11 @@ def continue_job(cfg: DictConfig, folder: RunFolder) -> float | None:
         with open_dict(cfg):
             cfg.resume = str(folder.checkpoint_to_resume())
     elif state == "again" and process_rank() == 0:
-        folder.clear_start()
+        try:
+            folder.clear_start()
+        except RunFolderError as err:  # files of someone's own in it: left as they are, and the sweep goes on
+            log.error("error: %s", err)
+            return math.inf
     return None
 
 

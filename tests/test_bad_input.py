@@ -242,6 +242,7 @@ BAD_SETTINGS = [
     (["hparams_search=optuna"], "hparams_search is a search over many runs: add -m"),
     (["-m", "optim.lr=1e-3,0"], "optim.lr must be above 0, got 0"),  # every value of a sweep is checked first
     (["-m", "resume=auto"], "resume=auto continues one run: run it without -m"),
+    (["-m", "resume="], "resume= with -m names no sweep to continue: give its folder"),  # an unset $SWEEP
     (["-m", "--cfg", "job", "optim.lr=1e-3,2e-3"], "--cfg shows what one run would use and -m starts a sweep"),
     (["--info", "-m"], "--info shows what one run would use and -m starts a sweep of several: leave -m out"),
     (["-m", "hydra.sweep.dir=~/s", "optim.lr=1e-3,2e-3"], "hydra.sweep.dir=~/s: a value cannot start with ~ on this"),

@@ -75,6 +75,18 @@ def run_args(small_text: Path, *extra: str) -> list[str]:
     ]
 
 
+SLURM = {  # a one-task SLURM job, for the requeue tests
+    "SLURM_JOB_ID": "4242",
+    "SLURM_JOB_NAME": "tinygpt2",
+    "SLURM_NTASKS": "1",
+    "SLURM_NTASKS_PER_NODE": "1",
+    "SLURM_NODELIST": "localhost",
+    "SLURM_PROCID": "0",
+    "SLURM_LOCALID": "0",
+    "SLURM_NODEID": "0",
+}
+
+
 def finish(proc: subprocess.Popen) -> tuple[str, str]:
     out, err = proc.communicate(timeout=600)
     return out or "", err or ""
@@ -426,10 +438,59 @@ def test_a_killed_sweep_continues_in_its_folder_each_job_from_where_it_stood(sma
     assert train.check_command_line(["-m", f"resume={sweep / '1'}"]).startswith(
         f"resume={sweep / '1'} is a run, not a sweep: continue it without -m"
     )
+    record = (sweep / "multirun.yaml").read_text()
+    (sweep / "multirun.yaml").write_text(record.replace(f"cwd: {tmp_path}\n", f"cwd: {tmp_path / 'gone'}\n"))
+    assert train.check_command_line(["-m", f"resume={sweep}"]).startswith(
+        f"the sweep {sweep} was started in {tmp_path / 'gone'}, which is gone"
+    )
     (sweep / "multirun.yaml").write_text("hydra:\n  overrides: [")  # a record cut short
     assert train.check_command_line(["-m", f"resume={sweep}"]).startswith(
         f"resume={sweep}: {sweep / 'multirun.yaml'} cannot be read"
     )
+
+
+def test_ctrl_c_as_the_next_job_of_a_sweep_starts_prints_how_to_continue_the_sweep(small_text, tmp_path):
+    args = ["-m", *run_args(small_text, "checkpoint.every_n_steps=100"), "trainer.max_steps=6,400"]
+    with open(tmp_path / "out.txt", "w") as out:
+        proc = start_script("train.py", *args, cwd=tmp_path, stdout=out, stderr=subprocess.PIPE)
+        try:
+            deadline = time.time() + 300
+            while "#1 : " not in (tmp_path / "out.txt").read_text() and time.time() < deadline:
+                time.sleep(0.01)
+            proc.send_signal(signal.SIGINT)  # job 0 finished, job 1 starting
+            _, err = proc.communicate(timeout=300)
+        finally:
+            proc.kill()
+    said = (tmp_path / "out.txt").read_text() + err
+    assert "Traceback" not in said, said[-2000:]
+    (sweep,) = tmp_path.glob("multirun/*/*")
+    command = f"python {ROOT / 'train.py'} -m resume={sweep}"
+    assert f"continue the sweep with: {command}" in said or f"and the rest, with: {command}" in said, said[-2000:]
+    continued = run_printed(command, tmp_path)
+    assert continued.returncode == 0, continued.stderr[-2000:]
+    rows = list(csv.DictReader(open(sweep / "summary.csv")))
+    assert [(r["run"], r["finished"]) for r in rows] == [("0", "true"), ("1", "true")]
+
+
+def test_a_job_stopped_before_its_first_checkpoint_holding_a_users_file_is_left_as_it_is(small_text, tmp_path):
+    first = start_script(
+        "train.py", *run_args(small_text), cwd=tmp_path, failpoint="kill:2", env={**os.environ, **SLURM}
+    )
+    finish(first)
+    run = tmp_path / "outputs" / "slurm-4242"
+    (run / "notes.txt").write_text("mine")
+    before = snapshot(run)
+    requeued = run_script(
+        "train.py", *run_args(small_text), cwd=tmp_path, env={**os.environ, **SLURM, "SLURM_RESTART_COUNT": "1"}
+    )
+    assert requeued.returncode == 1
+    assert one_error_line(requeued.stderr) == (
+        f"error: {run} stopped before its first checkpoint, and holds files that are not a run's (notes.txt); "
+        "move them out of it, then run this again to start it there anew"
+    )
+    assert {k: v for k, v in snapshot(run).items() if not k.endswith(".lock")} == {
+        k: v for k, v in before.items() if not k.endswith(".lock")
+    }
 
 
 def test_ctrl_c_before_a_sweep_job_has_a_checkpoint_takes_the_sweep_back(small_text, tmp_path):
@@ -617,18 +678,6 @@ def test_a_folder_of_the_users_own_files_is_refused_and_left_as_it_was(small_tex
     with pytest.raises(RunFolderError, match="holds files that are not a run's"):  # the Python API too
         train_run(compose_config(*run_args(small_text)), mine)
     assert snapshot(mine, itself=False) == before and (mine / "config.yaml").read_text() == "mine: true\n"
-
-
-SLURM = {
-    "SLURM_JOB_ID": "4242",
-    "SLURM_JOB_NAME": "tinygpt2",
-    "SLURM_NTASKS": "1",
-    "SLURM_NTASKS_PER_NODE": "1",
-    "SLURM_NODELIST": "localhost",
-    "SLURM_PROCID": "0",
-    "SLURM_LOCALID": "0",
-    "SLURM_NODEID": "0",
-}
 
 
 def test_a_slurm_job_requeued_before_its_first_checkpoint_starts_again(small_text, reference, tmp_path):

@@ -173,9 +173,17 @@ class RunFolder:
     def clear_start(self) -> list[str]:
         """Remove what a run that stopped before its first checkpoint wrote (as a Ctrl-C at that point
         takes it back), for it to start again here: a scheduler's requeue, a sweep continued. Hydra's
-        record and the log stay, and so does anything that is not a run's file. Returns what went."""
+        record and the log stay. A folder that holds files no run writes is refused, with nothing
+        removed. Returns what went."""
         if any(self.checkpoints.rglob("*.ckpt")):
             raise RunFolderError(f"{self.path} holds checkpoints: continue it with resume={self.path}")
+        others = [name for name in self.other_files() if name not in self.RUN_FILES]
+        if others:
+            listed = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
+            raise RunFolderError(
+                f"{self.path} stopped before its first checkpoint, and holds files that are not a run's ({listed}); "
+                "move them out of it, then run this again to start it there anew"
+            )
         removed = []
         for name in self.RUN_FILES:
             path = self.path / name
@@ -298,6 +306,11 @@ class RunFolder:
             owner = os.read(fd, 4096).decode(errors="replace").strip() or "another process"
             os.close(fd)
             if err.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                if (self.path / "multirun.yaml").is_file():
+                    raise RunFolderError(
+                        f"the sweep {self.path} is under way ({owner}); wait for it to end (or stop it), then "
+                        f"continue it with {sweep_continue_command(self.path)}"
+                    ) from None
                 raise RunFolderError(
                     f"run {self.path} is being trained by {owner}; wait for it to end (or stop it), then continue "
                     f"with resume={self.path}"
@@ -352,11 +365,11 @@ _CLAIMS: dict[str, Claim] = {}  # run folder -> what this process made there
 
 def take_back_claims() -> list[RunFolder]:
     """Ctrl-C before a run began: every folder this process claimed is taken back, but for those that
-    hold a checkpoint, which are only unlocked and returned."""
+    hold a checkpoint (or a sweep whose jobs hold runs), which are only unlocked and returned."""
     kept = []
     for taken in reversed(list(_CLAIMS.values())):  # a sweep's job before the sweep
         taken.take_back()
-        if taken.folder.has_checkpoint():
+        if taken.keeps():
             kept.append(taken.folder)
     return kept
 
@@ -436,12 +449,21 @@ def folder_of(path: str | os.PathLike) -> RunFolder:
 
 
 PROJECT = Path(__file__).resolve().parents[1]  # the checkout: train.py, generate.py, ...
+TYPED_IN: Path | None = None  # where the command was typed, when it runs elsewhere (run_where_started)
+
+
+def run_where_started(folder: str | os.PathLike) -> None:
+    """Run the rest of this command in folder (a continued sweep, where it was started), the commands it
+    prints still naming the scripts as they can be typed where it was typed."""
+    global TYPED_IN
+    TYPED_IN = TYPED_IN or Path.cwd()
+    os.chdir(folder)
 
 
 def script(name: str) -> str:
     """One of the project's scripts as a command to paste here names it: by its name in the project's
     own folder, else by its full path (a run started from elsewhere, as python /path/to/train.py)."""
-    return name if Path.cwd().resolve() == PROJECT else shlex.quote(str(PROJECT / name))
+    return name if (TYPED_IN or Path.cwd()).resolve() == PROJECT else shlex.quote(str(PROJECT / name))
 
 
 def sweep_continue_command(sweep: str | os.PathLike) -> str:
