@@ -62,7 +62,7 @@ from training.run_folder import (
     take_back_claims,
 )
 from training.settings import check, continue_settings, differing_leaves, expand, matches, named_leaves
-from training.sweep import OBJECTIVE, result_record, summarize
+from training.sweep import OBJECTIVE, is_search, result_record, summarize
 
 log = logging.getLogger("train")
 
@@ -873,8 +873,7 @@ def stopped_by_ctrl_c(run_dir: Path | None = None, resume_record: Path | None = 
     if runs:
         print(f"\nstopped; continue with: {runs[0].continue_command()}", file=sys.stderr)
     if sweeps:  # a stop between two jobs of a sweep too
-        said = "or the sweep, this job and the rest" if runs else "\nstopped; continue the sweep with"
-        print(f"{said}: {sweep_continue_command(sweeps[0])}", file=sys.stderr)
+        print(("" if runs else "\nstopped; ") + how_to_continue_sweep(sweeps[0]), file=sys.stderr)
     elif not runs:
         said = (
             "before training began; nothing was written"
@@ -918,6 +917,15 @@ def log_libraries_to_file() -> None:
         for handler in files:
             library.addHandler(handler)
     logging.captureWarnings(True)
+
+
+def how_to_continue_sweep(sweep: Path) -> str:
+    if is_search(sweep):
+        return (
+            f"the search's trials so far are in {sweep / 'summary.csv'}; run it again with the same "
+            "hydra.sweeper.storage to add trials to its study"
+        )
+    return f"continue the sweep, this job and the rest, with: {sweep_continue_command(sweep)}"
 
 
 def continue_command(run: Path) -> str:
@@ -999,10 +1007,7 @@ def run_job(cfg: DictConfig) -> float | None:
         )
         if multirun:
             summarize(Path(hydra_cfg.sweep.dir))
-            log.warning(
-                "the sweep stops here; continue it, this job and the rest, with: %s",
-                sweep_continue_command(Path(hydra_cfg.sweep.dir)),
-            )
+            log.warning("the sweep stops here; %s", how_to_continue_sweep(Path(hydra_cfg.sweep.dir)))
             sys.exit(0)
         return None
     log.info("done: %s", describe_metrics(result.metrics))

@@ -465,7 +465,7 @@ def test_ctrl_c_as_the_next_job_of_a_sweep_starts_prints_how_to_continue_the_swe
     assert "Traceback" not in said, said[-2000:]
     (sweep,) = tmp_path.glob("multirun/*/*")
     command = f"python {ROOT / 'train.py'} -m resume={sweep}"
-    assert f"continue the sweep with: {command}" in said or f"and the rest, with: {command}" in said, said[-2000:]
+    assert f"continue the sweep, this job and the rest, with: {command}" in said, said[-2000:]
     continued = run_printed(command, tmp_path)
     assert continued.returncode == 0, continued.stderr[-2000:]
     rows = list(csv.DictReader(open(sweep / "summary.csv")))
@@ -578,6 +578,7 @@ def test_an_optuna_search_records_every_trial_and_the_best(small_text, tmp_path)
     assert train.check_command_line(["-m", f"resume={sweep}"]).startswith(
         f"resume={sweep} is a search, which is not continued in its folder: run it again with the same"
     )
+    assert train.how_to_continue_sweep(sweep).startswith("the search's trials so far are in")  # said at a stop
     optuna = yaml.safe_load((sweep / "optimization_results.yaml").read_text())
     assert optuna["best_value"] == pytest.approx(min(bpcs))  # what main() returned is what Optuna minimised
     trial_lrs = {r["config"]["optim"]["lr"] for r in summary["runs"]}

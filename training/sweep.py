@@ -126,6 +126,15 @@ def declared_sweep(sweep_dir: Path) -> list[str]:
     return [*swept, *(str(key) for key in searched if str(key) not in fixed)]
 
 
+def is_search(sweep_dir: Path) -> bool:
+    """Whether the sweep at sweep_dir is a search (Optuna's sweeper), whose trials are drawn, not listed."""
+    try:
+        target = OmegaConf.select(OmegaConf.load(Path(sweep_dir) / "multirun.yaml"), "hydra.sweeper._target_")
+    except Exception:
+        return False
+    return "optuna" in str(target).lower()
+
+
 def job_order(path: Path) -> tuple[int, str]:
     return (int(path.name), path.name) if path.name.isdigit() else (1 << 30, path.name)
 
