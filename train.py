@@ -371,6 +371,11 @@ class Launch:
         with Composer() as composer:
             if self.multirun:
                 return self.sweep(composer) if self.first else self.sweep_of_launch()
+            if any(o.lstrip("+") == "resume=" for o in self.user):  # an unset shell variable: not a new run
+                raise CommandLineError(
+                    "resume= is empty: give the run to continue (resume=outputs/DATE/TIME), or leave resume= out "
+                    "to start a new run"
+                )
             if any(o.lstrip("+").split("=")[0] in SEARCH_GROUPS for o in self.user):
                 raise CommandLineError(
                     "hparams_search is a search over many runs: add -m (python train.py -m hparams_search=optuna ...)"

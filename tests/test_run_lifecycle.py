@@ -356,6 +356,18 @@ def test_resume_auto_continues_the_run_with_these_settings_from_any_folder(small
     assert not (elsewhere / "outputs").exists()
 
 
+def test_a_run_killed_before_its_first_checkpoint_names_the_command_that_starts_it_again(small_text, tmp_path):
+    run = stopped_run(small_text, tmp_path, "kill:2", "samples.prompts=[ROMEO:,'a b']")  # a value the shell must quote
+    proc = run_script("train.py", f"resume={run}", cwd=tmp_path)
+    assert proc.returncode == 1
+    line = one_error_line(proc.stderr)
+    assert line.startswith(f"error: {run} has no checkpoint to resume from"), line
+    again = run_printed(line.split("start it again as a new run: ", 1)[1], tmp_path)
+    assert again.returncode == 0, again.stderr[-2000:]
+    (new,) = set(runs_under(tmp_path / "outputs")) - {run}
+    assert yaml.safe_load((new / "config.yaml").read_text())["samples"]["prompts"] == ["ROMEO:", "a b"]
+
+
 def test_a_fine_tune_resumes_after_the_checkpoint_it_started_from_is_gone(small_text, reference, tmp_path):
     source = tmp_path / "source"
     shutil.copytree(reference, source)  # any run with a checkpoint to start from

@@ -281,10 +281,20 @@ class RunFolder:
         checkpoint = named if named.is_file() else self.checkpoint_to_resume()
         if checkpoint is None:
             raise CheckpointError(
-                f"{self.path} has no checkpoint to resume from (checkpoints/step-*.ckpt or best.ckpt); "
-                "it stopped before its first checkpoint, so start it again as a new run"
+                f"{self.path} has no checkpoint to resume from (checkpoints/step-*.ckpt or best.ckpt): it stopped "
+                f"before its first checkpoint, so start it again as a new run{self.start_again()}"
             )
         return checkpoint.resolve()
+
+    def start_again(self) -> str:
+        """How to start again a run that stopped before its first checkpoint, as a clause: the sweep's
+        continue command for a job of a sweep, else the command line it was started with."""
+        if self.sweep():
+            return f" (its sweep continues it: {sweep_continue_command(self.sweep())})"
+        overrides = self.first_overrides()
+        if overrides is None:
+            return ""
+        return f": python {script('train.py')} {shlex.join(overrides)}".rstrip()
 
     # ---- the lock ----------------------------------------------------------------------------------
 
