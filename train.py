@@ -43,6 +43,7 @@ from generation.checkpoint import CheckpointError, read_header
 from training.checks import ABSENT, SettingError, check_writable, lookup, trainer_parameters
 from training.errors import USER_ERRORS, CheckpointSaveError
 from training.run_folder import (
+    SWEEP_RECORD,
     SWEEPS_ROOT,
     Claim,
     RunFolder,
@@ -52,6 +53,7 @@ from training.run_folder import (
     claim_new_folder,
     claim_sweep,
     folder_of,
+    is_sweep,
     launcher_folder,
     launcher_restarted,
     process_rank,
@@ -671,7 +673,7 @@ class SweepRecord(NamedTuple):
 
 def sweep_record(folder: Path, given: str) -> SweepRecord:
     """Hydra's settings of the sweep at folder as it was started (its multirun.yaml), for continuing it."""
-    record = folder / "multirun.yaml"
+    record = folder / SWEEP_RECORD
     if not record.is_file():
         try:
             folder_of(folder)
@@ -686,7 +688,7 @@ def sweep_record(folder: Path, given: str) -> SweepRecord:
         )
     try:
         started = OmegaConf.to_container(OmegaConf.load(record).hydra, resolve=False)  # as the command line gave them
-        target, overrides, cwd = started["sweeper"]["_target_"], started["overrides"], started["runtime"]["cwd"]
+        overrides, cwd = started["overrides"], started["runtime"]["cwd"]
         task, hydra_given = overrides["task"], overrides["hydra"]
         lists = isinstance(task, list) and isinstance(hydra_given, list) and isinstance(cwd, str)
         if not lists or not all(isinstance(o, str) and ("=" in o or o.startswith("~")) for o in [*task, *hydra_given]):
@@ -697,7 +699,7 @@ def sweep_record(folder: Path, given: str) -> SweepRecord:
             f"resume={given}: {record} cannot be read as a sweep's record ({problem}); continue its stopped jobs "
             f"alone with {continue_command(folder / 'N')}"
         ) from None
-    if "optuna" in str(target).lower():
+    if is_search(folder):
         raise CommandLineError(
             f"resume={given} is a search, which is not continued in its folder: run it again with the same "
             "hydra.sweeper.storage to add trials to its study; a stopped trial continues alone with "
@@ -784,7 +786,7 @@ def check_launch_sweep(folder: Path) -> None:
     if not folder.exists():
         return
     for item in folder.iterdir():
-        if item.name == "multirun.yaml" or (item.is_dir() and item.name.isdigit() and not RunFolder(item).holds_run()):
+        if item.name == SWEEP_RECORD or (item.is_dir() and item.name.isdigit() and not RunFolder(item).holds_run()):
             continue
         raise RunFolderError(
             f"{folder} already holds a sweep ({item.name}); start the launch with a new rendezvous id, or pass "
@@ -873,7 +875,7 @@ def stopped_by_ctrl_c(run_dir: Path | None = None, resume_record: Path | None = 
         kept.append(RunFolder(run_dir))
     runs = [folder for folder in kept if folder.has_checkpoint()]
     sweeps = [folder.sweep() for folder in runs if folder.sweep()] or [
-        folder.path for folder in kept if (folder.path / "multirun.yaml").is_file()
+        folder.path for folder in kept if is_sweep(folder.path)
     ]
     if runs:
         print(f"\nstopped; continue with: {runs[0].continue_command()}", file=sys.stderr)

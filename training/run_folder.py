@@ -44,6 +44,11 @@ LOG_NAME = "train.log"  # the run's log, written by Hydra's file handler
 HYDRA_FILES = (".hydra", LOG_NAME)  # Hydra's record of the command line, and the log
 SETTINGS_MARK = "prepared_data"  # a key of the saved settings that marks config.yaml as a run's
 SWEEPS_ROOT = "multirun"  # where sweeps go, a folder each
+SWEEP_RECORD = "multirun.yaml"  # Hydra's record of a sweep's command line, at the root of its folder
+
+
+def is_sweep(folder: str | os.PathLike) -> bool:
+    return (Path(folder) / SWEEP_RECORD).is_file()
 
 
 @dataclass
@@ -226,7 +231,7 @@ class RunFolder:
 
     def sweep(self) -> Path | None:
         """The sweep folder this run is a job of, if it is one (Hydra writes multirun.yaml at its root)."""
-        return self.path.parent if (self.path.parent / "multirun.yaml").is_file() else None
+        return self.path.parent if is_sweep(self.path.parent) else None
 
     # ---- checkpoints to continue from --------------------------------------------------------------
 
@@ -316,7 +321,7 @@ class RunFolder:
             owner = os.read(fd, 4096).decode(errors="replace").strip() or "another process"
             os.close(fd)
             if err.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
-                if (self.path / "multirun.yaml").is_file():
+                if is_sweep(self.path):
                     raise RunFolderError(
                         f"the sweep {self.path} is under way ({owner}); wait for it to end (or stop it), then "
                         f"continue it with {sweep_continue_command(self.path)}"

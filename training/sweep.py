@@ -20,7 +20,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from .run_folder import RunFolder, process_rank, write_atomically
+from .run_folder import SWEEP_RECORD, RunFolder, process_rank, write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +113,7 @@ def swept_settings(results: list[dict[str, Any]], sweep_dir: Path | None = None)
 
 def declared_sweep(sweep_dir: Path) -> list[str]:
     try:
-        hydra = OmegaConf.load(Path(sweep_dir) / "multirun.yaml").hydra
+        hydra = OmegaConf.load(Path(sweep_dir) / SWEEP_RECORD).hydra
         task = list(hydra.overrides.task)
         searched = list((OmegaConf.select(hydra, "sweeper.params") or {}).keys())
     except Exception:  # no record, or one of another shape: the values alone tell
@@ -129,7 +129,7 @@ def declared_sweep(sweep_dir: Path) -> list[str]:
 def is_search(sweep_dir: Path) -> bool:
     """Whether the sweep at sweep_dir is a search (Optuna's sweeper), whose trials are drawn, not listed."""
     try:
-        target = OmegaConf.select(OmegaConf.load(Path(sweep_dir) / "multirun.yaml"), "hydra.sweeper._target_")
+        target = OmegaConf.select(OmegaConf.load(Path(sweep_dir) / SWEEP_RECORD), "hydra.sweeper._target_")
     except Exception:
         return False
     return "optuna" in str(target).lower()
@@ -151,7 +151,7 @@ class SweepSummary(Callback):
             return
         sweep_dir = Path(config.hydra.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
-        OmegaConf.save(config, sweep_dir / "multirun.yaml")
+        OmegaConf.save(config, sweep_dir / SWEEP_RECORD)
 
     def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
         if config.hydra.mode == RunMode.MULTIRUN and process_rank() == 0:
