@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from generation.checkpoint import CheckpointError, given_or_newest, load_checkpoint
+from generation.cli import Parser
 from generation.session import PromptError, Session
 from generation.text import token_label
 from model import GPT
@@ -478,7 +479,7 @@ def to_json(report: dict) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description="Walk through one attention layer of a trained model, step by step.")
+    p = Parser(description="Walk through one attention layer of a trained model, step by step.")
     p.add_argument("--prompt", default="", help="text to run through the model (empty: <|endoftext|>)")
     p.add_argument(
         "--ckpt",

@@ -30,6 +30,7 @@ from tokenizers import Tokenizer
 
 from data.tokenizer import EOT
 from generation.checkpoint import NEWEST_RUN, CheckpointError, Loaded, load_checkpoint
+from generation.cli import Parser
 from model import GPT
 from model.hf import hf_config_dict, to_hf_state_dict
 
@@ -55,9 +56,7 @@ class ExportError(ValueError):
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        description="Write a checkpoint as a Hugging Face GPT-2 folder and check it with transformers."
-    )
+    p = Parser(description="Write a checkpoint as a Hugging Face GPT-2 folder and check it with transformers.")
     p.add_argument(
         "--ckpt",
         type=Path,
@@ -110,6 +109,10 @@ def check_destination(out: Path, ckpt: Path, force: bool) -> None:
         raise ExportError(f"--out {out} holds the checkpoint being exported; choose another folder")
     if out.is_dir() and any(out.iterdir()):
         if not force:
+            try:
+                check_replaceable(out)
+            except ExportError:  # files of someone's own: --force would not replace them either
+                raise ExportError(f"--out {out} is not empty and holds no model; choose a new folder") from None
             raise ExportError(
                 f"--out {out} is not empty; choose a new folder, or pass --force to replace the model in it"
             )

@@ -30,6 +30,7 @@ import torch
 from tokenizers import Tokenizer
 
 from generation.checkpoint import CheckpointError, given_or_newest, load_checkpoint
+from generation.cli import Parser
 from generation.session import Completion, PromptError, Sampling, Session
 from generation.text import token_label
 
@@ -54,7 +55,7 @@ def whole_number(text: str) -> int:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description="Sample text from a tinygpt2 checkpoint or a Hugging Face GPT-2 folder.")
+    p = Parser(description="Sample text from a tinygpt2 checkpoint or a Hugging Face GPT-2 folder.")
     p.add_argument("--prompt", default="", help="text to continue (empty: start from <|endoftext|>)")
     p.add_argument(
         "--ckpt",

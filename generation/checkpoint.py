@@ -236,9 +236,17 @@ def load_checkpoint(path: str | Path, map_location="cpu") -> Loaded:
     try:
         model.load_state_dict(weights.state)
     except RuntimeError as err:
+        lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]
+        detail = (
+            lines[1] if len(lines) > 1 and lines[0].endswith(":") else first_line(err)
+        )  # which tensor, which shapes
+        raise CheckpointError(f"weights in {weights.path} do not fit the model it describes: {detail}") from None
+    broken = next((n for n, t in weights.state.items() if t.is_floating_point() and not t.isfinite().all()), None)
+    if broken is not None:
         raise CheckpointError(
-            f"weights in {weights.path} do not fit the model it describes: {first_line(err)}"
-        ) from None
+            f"{weights.path} holds weights that are not finite numbers ({broken}); it cannot be sampled from: use "
+            "an earlier checkpoint of its run"
+        )
     model.eval()
     tokenizer = read_tokenizer(weights)
     return Loaded(

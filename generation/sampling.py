@@ -63,7 +63,8 @@ def probabilities(
     the top k, then to the top p of what is left (renormalised), then softmax. temperature > 0."""
     logits = logits.float()
     # from the row's largest logit down, so that a tiny temperature sends the rest to -inf, not the top to inf
-    logits = (logits - logits.amax(dim=-1, keepdim=True)) / temperature
+    # (a temperature too small for the logits' type counts as the smallest it has: greedy, in effect)
+    logits = (logits - logits.amax(dim=-1, keepdim=True)) / max(temperature, torch.finfo(logits.dtype).tiny)
     if top_k is not None:
         logits = keep_top_k(logits, top_k)
     if top_p is not None and top_p < 1.0:

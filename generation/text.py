@@ -85,4 +85,5 @@ def token_label(tokenizer: Tokenizer, token: int) -> str:
     text = tokenizer.decode([token], skip_special_tokens=False)
     if not text or "\ufffd" in text:
         text = tokenizer.id_to_token(token) or f"<{token}>"
-    return text.replace("\n", "\\n").replace("\t", "\\t").replace(" ", "\u2423")
+    text = text.replace("\n", "\\n").replace("\t", "\\t").replace(" ", "\u2423")
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)  # \r, ESC: never sent to the terminal

@@ -72,6 +72,47 @@ def test_generate_py_refuses_bad_settings(args, message, tiny_run, capsys, tmp_p
     assert list(tmp_path.iterdir()) == []  # nothing written
 
 
+@pytest.mark.parametrize(
+    "program, args, message",
+    [
+        ("generate.py", ["--max-new-tokens", "abc"], "error: argument --max-new-tokens: "),
+        ("generate.py", ["--max_new_tokens", "3"], "error: unrecognized arguments: --max_new_tokens 3 (python "),
+        ("generate.py", ["--stop", "-x"], "one that starts with - is written with =, e.g. --stop=-x"),
+        ("explain.py", ["--layer", "1.5"], "error: argument --layer: "),
+        ("export.py", ["--out"], "error: argument --out: expected one argument"),
+    ],
+)
+def test_an_option_that_cannot_be_read_is_refused_in_one_line(program, args, message, tiny_run, tmp_path):
+    proc = run_script(program, "--ckpt", str(tiny_run), *args, cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert message in one_error_line(proc.stderr) and "--help lists the options" in proc.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_weights_that_are_not_finite_are_refused_in_one_line(tiny_run, tmp_path, capsys):
+    saved = torch.load(tiny_run / "checkpoints" / "last.ckpt", weights_only=True)
+    for name, tensor in saved["state_dict"].items():
+        if tensor.is_floating_point():
+            tensor.fill_(float("nan"))
+    torch.save(saved, tmp_path / "nan.ckpt")
+    for program in (generate, explain):
+        assert program.main(["--ckpt", str(tmp_path / "nan.ckpt"), "--prompt", "RO"]) == 1
+        assert one_error_line(capsys.readouterr().err).startswith(
+            f"error: {tmp_path / 'nan.ckpt'} holds weights that are not finite numbers ("
+        )
+
+
+def test_weights_of_another_shape_name_the_tensor(tiny_run, tmp_path, capsys):
+    saved = torch.load(tiny_run / "checkpoints" / "last.ckpt", weights_only=True)
+    name = next(n for n in saved["state_dict"] if n.endswith("wte.weight"))
+    saved["state_dict"][name] = saved["state_dict"][name][:10].clone()
+    torch.save(saved, tmp_path / "shape.ckpt")
+    assert generate.main(["--ckpt", str(tmp_path / "shape.ckpt"), "--prompt", "RO"]) == 1
+    line = one_error_line(capsys.readouterr().err)
+    assert line.startswith(f"error: weights in {tmp_path / 'shape.ckpt'} do not fit the model it describes: ")
+    assert "size mismatch for transformer.wte.weight" in line, line
+
+
 def test_generate_py_counts_as_train_py_takes_them(tiny_run, capsys):
     """1e3 and 2_0 are whole numbers, as in train.py's settings; 1.5 is refused by argparse in one line."""
     assert (
@@ -194,6 +235,7 @@ def test_export_py_never_replaces_what_it_should_not(tiny_run, tmp_path, capsys)
         code = export.main(["--ckpt", str(tiny_run), "--out", str(notes), *extra])
         _, err = capsys.readouterr()
         assert code == 1 and str(notes) in one_error_line(err)
+        assert "--force" not in one_error_line(err) or extra  # not offered where it would be refused
     assert [p.name for p in notes.iterdir()] == ["todo.txt"] and (notes / "todo.txt").read_text() == "mine"
 
     run_copy = tmp_path / "run"

@@ -112,3 +112,23 @@ def test_same_seed_same_draws_and_rows_draw_independently():
 def test_bad_sampling_settings_are_refused(args, message):
     with pytest.raises(ValueError, match=message):
         check_sampling(*args)
+
+
+@pytest.mark.parametrize("temperature", [1e-300, 1e-46, 1e-39])
+def test_a_temperature_too_small_for_float32_samples_greedily(temperature):
+    logits = torch.tensor([[0.5, 3.0, -1.0, 2.9]])
+    probs = probabilities(logits, temperature)
+    assert torch.isfinite(probs).all() and probs.argmax().item() == 1 and probs.max().item() == 1.0
+    assert sample(logits, temperature, generator=torch.Generator().manual_seed(0)).item() == 1
+
+
+def test_token_labels_show_control_characters_escaped():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from generation.text import token_label
+
+    tokenizer = Tokenizer(models.WordLevel({"a": 0, "\x1b[31m": 1, "\r": 2}, unk_token="a"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    labels = [token_label(tokenizer, token) for token in range(3)]
+    assert all(label.isprintable() for label in labels), labels
+    assert labels[1] == "\\x1b[31m"
