@@ -91,7 +91,7 @@ def test_an_option_that_cannot_be_read_is_refused_in_one_line(program, args, mes
 
 def test_weights_that_are_not_finite_are_refused_in_one_line(tiny_run, tmp_path, capsys):
     saved = torch.load(tiny_run / "checkpoints" / "last.ckpt", weights_only=True)
-    for name, tensor in saved["state_dict"].items():
+    for tensor in saved["state_dict"].values():
         if tensor.is_floating_point():
             tensor.fill_(float("nan"))
     torch.save(saved, tmp_path / "nan.ckpt")
