@@ -891,8 +891,26 @@ def stopped_by_ctrl_c(run_dir: Path | None = None, resume_record: Path | None = 
     sys.exit(130)
 
 
+_HELD_CTRL_C: list[bool] = []  # a Ctrl-C pressed while Hydra's own code ran
+
+
+def hold_ctrl_c() -> None:
+    """From here until release_ctrl_c, Ctrl-C is held: Hydra composes each job's config in OmegaConf
+    state changes that a KeyboardInterrupt would leave half done (Hydra then prints a traceback)."""
+    signal.signal(signal.SIGINT, lambda signum, frame: _HELD_CTRL_C.append(True))
+
+
+def release_ctrl_c() -> None:
+    """Ctrl-C is handled again (KeyboardInterrupt); one pressed while it was held is raised now."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    if _HELD_CTRL_C:
+        _HELD_CTRL_C.clear()
+        raise KeyboardInterrupt
+
+
 @hydra.main(version_base="1.3", config_path="configs", config_name="train")
 def main(cfg: DictConfig) -> float | None:
+    release_ctrl_c()  # a Ctrl-C held while Hydra composed this job: raised before the job begins
     try:
         return run_job(cfg)
     except KeyboardInterrupt:
@@ -900,6 +918,8 @@ def main(cfg: DictConfig) -> float | None:
         run_dir = Path(hydra_cfg.runtime.output_dir)
         resuming = cfg.get("resume") and str(hydra_cfg.output_subdir).startswith(RunFolder.resume_record(""))
         stopped_by_ctrl_c(run_dir, run_dir / hydra_cfg.output_subdir if resuming else None)
+    finally:
+        hold_ctrl_c()  # Hydra's code again, until the next job (or the end)
 
 
 def without_trailing_newline(record: logging.LogRecord) -> bool:
@@ -1044,6 +1064,8 @@ if __name__ == "__main__":
         sys.exit(0)
     sys.argv = [sys.argv[0], *hydra_args]
     try:
+        hold_ctrl_c()
         main()
-    except KeyboardInterrupt:  # while Hydra composes, before main's own body runs
+        release_ctrl_c()
+    except KeyboardInterrupt:  # while Hydra composed, before a job began (or after the last)
         stopped_by_ctrl_c()
