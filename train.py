@@ -175,16 +175,14 @@ class Composer:
             removed = re.match(r"Could not delete '([^']+)'", str(err))
             if removed and (CONFIG_DIR / removed.group(1)).is_dir():
                 raise CommandLineError(no_group_choice(removed.group(1), f"~{removed.group(1)}")) from None
-            absent = re.match(r"Could not delete from config\. '([^']+)' does not exist", str(err))
-            if absent:  # ~key of a setting there is none of
-                key = absent.group(1)
-                chosen = self.choices([o for o in overrides if o.lstrip("+~").split("=")[0] != key])
-                raise CommandLineError(f"~{key}: {unknown_setting(key, self.defaults, overrides, chosen)}") from None
+            absent = re.match(r"Could not delete from config\. '([^']+)' does not exist", str(err))  # ~key
             cause = err.__cause__
-            if (cause is not None and "not in struct" in str(cause)) or str(err).startswith("Could not override"):
-                key = str(err).split("'")[1]
+            unknown = (cause is not None and "not in struct" in str(cause)) or str(err).startswith("Could not override")
+            if absent or unknown:
+                key = absent.group(1) if absent else str(err).split("'")[1]
                 chosen = self.choices([o for o in overrides if o.lstrip("+~").split("=")[0] != key])
-                raise CommandLineError(unknown_setting(key, self.defaults, overrides, chosen)) from None
+                said = unknown_setting(key, self.defaults, overrides, chosen)
+                raise CommandLineError(f"~{key}: {said}" if absent else said) from None
             raise CommandLineError(str(err).splitlines()[0]) from None
         except Exception as err:  # an interpolation or resolver that fails on the given values
             if "Config group override must be" in str(err):  # model=null, logger=false: not a name
@@ -963,11 +961,13 @@ def continue_job(cfg: DictConfig, folder: RunFolder) -> float | None:
     """A job of a sweep being continued (python train.py -m resume=SWEEP), before it trains: one that
     finished is kept as it is (its objective returned), a stopped one continues from its checkpoint, and
     what one that stopped before its first checkpoint wrote goes; None where it trains."""
+    from training.run import describe_metrics
+
     state = folder.continuation()
     if state == "finished":
-        result = folder.read_result()
-        log.info("job %s finished before (%s); kept as it is", folder.path.name, describe_result(result))
-        return result.get("metrics", {}).get(OBJECTIVE, math.inf)
+        metrics = folder.read_result().get("metrics", {})
+        log.info("job %s finished before (%s); kept as it is", folder.path.name, describe_metrics(metrics))
+        return metrics.get(OBJECTIVE, math.inf)
     if state == "resume":
         with open_dict(cfg):
             cfg.resume = str(folder.checkpoint_to_resume())
@@ -978,11 +978,6 @@ def continue_job(cfg: DictConfig, folder: RunFolder) -> float | None:
             log.error("error: %s", err)
             return math.inf
     return None
-
-
-def describe_result(result: dict) -> str:
-    metrics = result.get("metrics", {})
-    return ", ".join(f"{m} {metrics[m]:.4f}" for m in ("val/loss", OBJECTIVE) if m in metrics) or "no metrics"
 
 
 def run_job(cfg: DictConfig) -> float | None:
