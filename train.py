@@ -889,12 +889,13 @@ def stopped_by_ctrl_c(run_dir: Path | None = None, resume_record: Path | None = 
     sys.exit(130)
 
 
-_HELD_CTRL_C: list[bool] = []  # a Ctrl-C pressed while Hydra's own code ran
+_HELD_CTRL_C: list[bool] = []  # a Ctrl-C pressed while it was held
 
 
 def hold_ctrl_c() -> None:
     """From here until release_ctrl_c, Ctrl-C is held: Hydra composes each job's config in OmegaConf
-    state changes that a KeyboardInterrupt would leave half done (Hydra then prints a traceback)."""
+    state changes that a KeyboardInterrupt would leave half done (Hydra then prints a traceback), and
+    the command line's checks import libraries that one would break."""
     signal.signal(signal.SIGINT, lambda signum, frame: _HELD_CTRL_C.append(True))
 
 
@@ -1046,10 +1047,14 @@ def run_job(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # from here Ctrl-C is handled (see the top)
+    # From here Ctrl-C is handled (see the top). The checks import more libraries as they need them, and
+    # a KeyboardInterrupt inside a C extension's import breaks it (an ImportError, then a fatal error at
+    # exit): held until the command line is checked, a Ctrl-C then takes back the folder it claimed.
+    hold_ctrl_c()
     try:
         launch = Launch(sys.argv[1:])
         hydra_args = launch.hydra_args()
+        release_ctrl_c()
     except (*USER_ERRORS, CommandLineError) as err:
         sys.exit(f"error: {err}")
     except KeyboardInterrupt:

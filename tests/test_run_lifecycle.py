@@ -539,6 +539,41 @@ def test_ctrl_c_before_a_sweep_job_has_a_checkpoint_takes_the_sweep_back(small_t
     assert not (tmp_path / "multirun").exists()
 
 
+# Imported first (sitecustomize) by a train.py under test: Ctrl-C as the checks of its command line
+# import Lightning. A KeyboardInterrupt raised inside the import stands for one raised inside a C
+# extension's initialisation, which turns it into an ImportError ("initialization failed").
+CTRL_C_IN_AN_IMPORT = """
+import os, signal, sys, time
+
+class CtrlCAsLightningLoads:
+    def find_spec(self, name, path=None, target=None):
+        if name != "lightning":
+            return None
+        sys.meta_path.remove(self)
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.5)
+        except KeyboardInterrupt:
+            raise ImportError("initialization failed") from None
+        return None
+
+sys.meta_path.insert(0, CtrlCAsLightningLoads())
+"""
+
+
+@pytest.mark.parametrize("sweep", [False, True], ids=["run", "sweep"])
+def test_ctrl_c_while_the_checks_import_a_library_stops_cleanly(small_text, tmp_path, sweep):
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(CTRL_C_IN_AN_IMPORT)
+    args = ["-m", *run_args(small_text), "optim.lr=1e-3,2e-3"] if sweep else run_args(small_text)
+    result = run_script("train.py", *args, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(hook)})
+    assert result.returncode == 130, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    assert result.stderr.rstrip().splitlines()[-1] == "stopped before training began; nothing was written"
+    assert not (tmp_path / "outputs").exists() and not (tmp_path / "multirun").exists()
+
+
 def test_a_second_sweep_into_the_folder_of_one_under_way_is_refused(small_text, tmp_path):
     sweep = tmp_path / "shared"
     args = ["-m", *run_args(small_text), f"hydra.sweep.dir={sweep}"]
