@@ -124,6 +124,10 @@ def resolve_checkpoint(path: str | Path) -> Path:
             f"no checkpoint in {path}: expected checkpoints/best.ckpt or checkpoints/last.ckpt (a run folder), "
             "or config.json with model.safetensors (a Hugging Face folder)"
         )
+    if path.exists():  # a device, a pipe, a socket
+        raise CheckpointError(
+            f"checkpoint {path} is not a file or a folder; pass a .ckpt file, a run folder or a Hugging Face folder"
+        )
     raise CheckpointError(f"checkpoint {path} does not exist; pass a .ckpt file, a run folder or a Hugging Face folder")
 
 

@@ -162,6 +162,14 @@ def test_generate_py_damaged_checkpoint(how, tiny_run, tmp_path, capsys):
     assert "truncated or corrupted" in line
 
 
+def test_generate_py_checkpoint_that_is_a_device(capsys):
+    code = generate.main(["--ckpt", "/dev/null", "--prompt", "ROMEO:"])
+    _, err = capsys.readouterr()
+    assert code == 1 and one_error_line(err) == (
+        "error: checkpoint /dev/null is not a file or a folder; pass a .ckpt file, a run folder or a Hugging Face folder"
+    )
+
+
 def test_generate_py_missing_checkpoint(tmp_path, capsys, monkeypatch):
     code = generate.main(["--ckpt", str(tmp_path / "nowhere"), "--prompt", "ROMEO:"])
     _, err = capsys.readouterr()
