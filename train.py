@@ -370,7 +370,7 @@ class Launch:
         check_places({k: v for k, v in (o.split("=", 1) for o in self.overrides if "=" in o)})
         with Composer() as composer:
             if self.multirun:
-                return self.sweep(composer) if self.first else self.sweep_of_launch()
+                return self.sweep(composer) if self.first else self.sweep_of_launch(composer)
             if any(o.lstrip("+") == "resume=" for o in self.user):  # an unset shell variable: not a new run
                 raise CommandLineError(
                     "resume= is empty: give the run to continue (resume=outputs/DATE/TIME), or leave resume= out "
@@ -506,8 +506,19 @@ class Launch:
             )
         if resume:
             return self.continued_sweep(composer, resume[-1])
+        requeued = self.requeued_sweep()
+        if requeued is not None:
+            return self.continued_sweep(composer, str(requeued), requeued=True)
         self.check_sweep(composer)
         return self.sweep_folder()
+
+    def requeued_sweep(self) -> Path | None:
+        """The folder of the sweep that this launch, restarted by its scheduler (a requeued SLURM job,
+        workers torchrun started again), began before; None for any other launch."""
+        shared = launcher_folder(SWEEPS_ROOT)
+        if shared is None or self.hydra.get("hydra.sweep.dir") or not launcher_restarted():
+            return None
+        return shared.path if (shared.path / SWEEP_RECORD).is_file() else None
 
     def check_sweep(self, composer: Composer) -> None:
         parsed, hydra_parsed = parse_overrides(self.user), parse_overrides(self.hydra_overrides)
@@ -597,26 +608,41 @@ class Launch:
             return [*self.args, f"hydra.sweep.dir={shared.path}"]
         return [*self.args, f"hydra.sweep.dir={claim_sweep(claim_new_folder(SWEEPS_ROOT)).folder.path}"]
 
-    def continued_sweep(self, composer: Composer, given: str) -> list[str]:
+    def continued_sweep(self, composer: Composer, given: str, requeued: bool = False) -> list[str]:
         """-m resume=SWEEP: the sweep's own command line again (from the folder it was started in), into
         its folder, checked as it was: jobs that finished are kept as they are, a stopped one continues
         from its checkpoint, one stopped before its first checkpoint starts again, and those that never
-        ran run (run_job asks each job's folder which: RunFolder.continuation)."""
+        ran run (run_job asks each job's folder which: RunFolder.continuation). `requeued`: the sweep's
+        own command, which a scheduler started again (requeued_sweep)."""
         if given == "auto":
             raise CommandLineError("resume=auto continues one run: run it without -m (python train.py resume=auto ...)")
         others = [o for o in self.overrides if o.lstrip("+").partition("=")[0] != "resume"]
-        if others:
+        if others and not requeued:
             raise CommandLineError(
                 f"-m resume={given} continues the sweep with its own command line; leave out {others[0]} (a "
                 "job of it continues with settings of its own as python train.py resume=SWEEP/N ...)"
             )
         folder = RunFolder(given).path
-        started = sweep_record(folder, given)
+        try:
+            started = sweep_record(folder, given)
+        except CommandLineError as err:
+            if not requeued:
+                raise
+            raise RunFolderError(
+                f"this job was restarted by its scheduler, and its sweep cannot continue: {err}"
+            ) from None
+        if requeued and self.user != started.task:
+            raise RunFolderError(
+                f"this job was restarted by its scheduler with another command line than its sweep, {folder}, was "
+                f"started with; continue that sweep as it was with {sweep_continue_command(folder)}"
+            )
         owner = RunFolder(folder).held_by()
-        if owner:
+        if owner and self.first:  # (the other processes of a launch find it held by the first)
             raise RunFolderError(
                 f"the sweep {folder} is under way ({owner}); wait for it to end (or stop it), then continue it"
             )
+        if requeued and self.first:
+            print(f"this job was restarted by its scheduler: continuing the sweep {folder}", file=sys.stderr)
         if not Path(started.cwd).is_dir():
             raise RunFolderError(
                 f"the sweep {folder} was started in {started.cwd}, which is gone, and what its command line names "
@@ -650,13 +676,21 @@ class Launch:
                 f"one further, continue it alone: {continue_command(folder / 'N')} trainer.max_steps=..."
             )
         if self.claim_folders:
-            claim_sweep(Claim.existing(RunFolder(folder)))  # another continue started at the same moment: refused
+            if self.first:
+                claim_sweep(Claim.existing(RunFolder(folder)))  # another continue started at the same moment: refused
             os.environ[CONTINUED_SWEEP] = str(folder)
         return args
 
-    def sweep_of_launch(self) -> list[str]:
+    def sweep_of_launch(self, composer: Composer) -> list[str]:
         """-m in a process the first of a launch did not start: torchrun's and SLURM's derive the sweep
-        folder the first chose; Lightning's own launcher hands it over on the command line."""
+        folder the first chose, or continue the sweep it continues; Lightning's own launcher hands it
+        over on the command line."""
+        resume = [o.partition("=")[2] for o in self.user if o.lstrip("+").partition("=")[0] == "resume"]
+        if resume and resume[-1] not in ("", "null"):
+            return self.continued_sweep(composer, resume[-1])
+        requeued = self.requeued_sweep()
+        if requeued is not None:
+            return self.continued_sweep(composer, str(requeued), requeued=True)
         shared = launcher_folder(SWEEPS_ROOT)
         if shared is None or self.hydra.get("hydra.sweep.dir"):
             return self.args
@@ -967,7 +1001,13 @@ def continue_job(cfg: DictConfig, folder: RunFolder) -> float | None:
     state = folder.continuation()
     if state == "finished":
         metrics = folder.read_result().get("metrics", {})
-        log.info("job %s finished before (%s); kept as it is", folder.path.name, describe_metrics(metrics))
+        record = log.makeRecord(
+            log.name, logging.INFO, __file__, 0, "job %s finished before (%s); kept as it is",
+            (folder.path.name, describe_metrics(metrics)), None,
+        )  # fmt: skip
+        for handler in logging.getLogger().handlers:  # on the console alone: the job's train.log stays as it ended
+            if not isinstance(handler, logging.FileHandler):
+                handler.handle(record)
         return metrics.get(OBJECTIVE, math.inf)
     if state == "resume":
         with open_dict(cfg):

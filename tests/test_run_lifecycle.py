@@ -401,22 +401,31 @@ def test_a_sweep_stopped_by_ctrl_c_and_its_job_continued_as_printed(small_text, 
     assert printed == [f"python {ROOT / 'train.py'} resume={sweep / '0'}"]
     whole = [line.split("the rest, with: ", 1)[1] for line in (out + err).splitlines() if "the rest, with: " in line]
     assert whole == [f"python {ROOT / 'train.py'} -m resume={sweep}"]
-    resumed = run_printed(printed[0], tmp_path)
+    resumed = run_printed(printed[0] + " trainer.max_steps=60", tmp_path)  # continued with a shorter schedule
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     rows = list(csv.DictReader(open(sweep / "summary.csv")))  # brought up to date by the continued job
-    assert [(r["run"], r["optim.lr"], r["finished"], r["best"]) for r in rows] == [("0", "0.001", "true", "*")]
+    assert [(r["run"], r["optim.lr"], r["finished"], r["best"], r["resumed with"]) for r in rows] == [
+        ("0", "0.001", "true", "*", "trainer.max_steps=60")
+    ]
     result = json.loads((sweep / "0" / "result.json").read_text())
-    assert "optim.lr=0.001" in result["overrides"] and result["resumed_with"][0].startswith("resume=")
+    assert "optim.lr=0.001" in result["overrides"] and "trainer.max_steps=60" not in result["overrides"]
+    assert any(o.startswith("resume=") for o in result["resumed_with"])
 
     job = snapshot(sweep / "0")
     rest = run_printed(whole[0], tmp_path)
     assert rest.returncode == 0, rest.stderr[-2000:]
     assert "job 0 finished before" in rest.stdout + rest.stderr
-    assert {k: v for k, v in snapshot(sweep / "0").items() if not k.endswith("train.log")} == {
-        k: v for k, v in job.items() if not k.endswith("train.log")
-    }  # a finished job is kept as it is
+    assert snapshot(sweep / "0") == job  # a finished job is kept as it is, its train.log too
     rows = list(csv.DictReader(open(sweep / "summary.csv")))  # the job that never ran has run
-    assert [(r["run"], r["optim.lr"], r["finished"]) for r in rows] == [("0", "0.001", "true"), ("1", "0.003", "true")]
+    assert [(r["run"], r["optim.lr"], r["trainer.max_steps"], r["finished"], r["resumed with"]) for r in rows] == [
+        ("0", "0.001", "60", "true", "trainer.max_steps=60"),
+        ("1", "0.003", "400", "true", ""),
+    ]
+    said = rest.stdout + rest.stderr
+    assert (
+        "  0  optim.lr=0.001 trainer.max_steps=60  val/bpc" in said
+        and "best: 1 (optim.lr=0.003 trainer.max_steps=400)" in said
+    ), said
 
 
 def test_a_killed_sweep_continues_in_its_folder_each_job_from_where_it_stood(small_text, reference, tmp_path):
@@ -426,13 +435,13 @@ def test_a_killed_sweep_continues_in_its_folder_each_job_from_where_it_stood(sma
     finish(start_script("train.py", "-m", *run_args(small_text), lengths, cwd=tmp_path, failpoint="kill:7"))
     (sweep,) = tmp_path.glob("multirun/*/*")
     assert sorted(p.name for p in sweep.iterdir() if p.is_dir()) == ["0", "1"]
-    kept = {k: v for k, v in snapshot(sweep / "0").items() if not k.endswith("train.log")}
+    kept = snapshot(sweep / "0")
 
     elsewhere = tmp_path / "elsewhere"  # continued from another folder, it runs where it was started
     elsewhere.mkdir()
     proc = run_script("train.py", "-m", f"resume={sweep}", cwd=elsewhere)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert {k: v for k, v in snapshot(sweep / "0").items() if not k.endswith("train.log")} == kept
+    assert snapshot(sweep / "0") == kept
     assert_bit_equal(sweep / "1" / "checkpoints" / "last.ckpt", reference / "checkpoints" / "last.ckpt")
     assert [p.name for p in (sweep / "1" / ".hydra").glob("resume-*")] and not list(
         (sweep / "2" / ".hydra").glob("resume-*")
@@ -458,6 +467,38 @@ def test_a_killed_sweep_continues_in_its_folder_each_job_from_where_it_stood(sma
     (sweep / "multirun.yaml").write_text("hydra:\n  overrides: [")  # a record cut short
     assert train.check_command_line(["-m", f"resume={sweep}"]).startswith(
         f"resume={sweep}: {sweep / 'multirun.yaml'} cannot be read"
+    )
+
+
+@pytest.mark.slow
+def test_a_requeued_slurm_sweep_continues_in_its_folder(small_text, reference, tmp_path):
+    """A SLURM job running a sweep, killed and requeued, runs its command again: the sweep continues
+    as -m resume=SWEEP would continue it, where a new launch of the same job id is refused."""
+    args = ["-m", *run_args(small_text), "trainer.max_steps=6,12,14"]
+    first = start_script("train.py", *args, cwd=tmp_path, failpoint="kill:7", env={**os.environ, **SLURM})
+    finish(first)
+    sweep = tmp_path / "multirun" / "slurm-4242"
+    assert first.returncode == -signal.SIGKILL
+    assert sorted(p.name for p in sweep.iterdir() if p.is_dir()) == ["0", "1"]
+    kept = snapshot(sweep / "0")
+
+    again = run_script("train.py", *args, cwd=tmp_path, env={**os.environ, **SLURM})  # not a requeue
+    assert again.returncode == 1 and "already holds a sweep" in one_error_line(again.stderr)
+
+    requeue = {**os.environ, **SLURM, "SLURM_RESTART_COUNT": "1"}
+    requeued = run_script("train.py", *args, cwd=tmp_path, env=requeue)
+    assert requeued.returncode == 0, requeued.stderr[-3000:]
+    assert f"this job was restarted by its scheduler: continuing the sweep {sweep}" in requeued.stderr
+    assert snapshot(sweep / "0") == kept
+    assert_bit_equal(sweep / "1" / "checkpoints" / "last.ckpt", reference / "checkpoints" / "last.ckpt")
+    rows = list(csv.DictReader(open(sweep / "summary.csv")))
+    assert [(r["run"], r["finished"]) for r in rows] == [("0", "true"), ("1", "true"), ("2", "true")]
+
+    edited = run_script("train.py", *args[:-1], "trainer.max_steps=6,12", cwd=tmp_path, env=requeue)
+    assert edited.returncode == 1
+    assert one_error_line(edited.stderr) == (
+        f"error: this job was restarted by its scheduler with another command line than its sweep, {sweep}, was "
+        f"started with; continue that sweep as it was with python {ROOT / 'train.py'} -m resume={sweep}"
     )
 
 

@@ -73,7 +73,8 @@ def summarize(sweep_dir: Path) -> dict[str, Any] | None:
     write_atomically(Path(sweep_dir) / "summary.json", json.dumps(summary, indent=2))
     swept = swept_settings(results, Path(sweep_dir))
     metric_names = [m for m in METRICS if any(m in r["metrics"] for r in results)]
-    rows = [["run", *swept, *metric_names, "finished", "best"]]
+    changed = any(changed_on_resume(r) for r in results)
+    rows = [["run", *swept, *metric_names, "finished", "best", *(["resumed with"] if changed else [])]]
     for r in results:
         settings = overrides_as_dict(r)
         rows.append(
@@ -83,6 +84,7 @@ def summarize(sweep_dir: Path) -> dict[str, Any] | None:
                 *(r["metrics"].get(m, "") for m in metric_names),
                 r.get("error") or str(r["finished"]).lower(),
                 "*" if r is best else "",
+                *([" ".join(changed_on_resume(r))] if changed else []),
             ]
         )
     tmp = Path(sweep_dir) / ".summary.csv.tmp"
@@ -99,7 +101,19 @@ def best_result(results: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 def overrides_as_dict(result: dict[str, Any]) -> dict[str, str]:
-    return dict(o.lstrip("+").split("=", 1) for o in result["overrides"] if "=" in o)
+    """A job's settings from its command line as it ended: those it started with, and those a
+    continuation (python train.py resume=SWEEP/N key=value) changed."""
+    given = [*result["overrides"], *changed_on_resume(result)]
+    return dict(o.lstrip("+").split("=", 1) for o in given if "=" in o)
+
+
+def changed_on_resume(result: dict[str, Any]) -> list[str]:
+    """The settings a job's continuation gave besides resume= (none for a job that was not continued)."""
+    return [
+        o
+        for o in result.get("resumed_with") or []
+        if "=" in o and o.lstrip("+~").partition("=")[0] not in ("resume",) and not o.lstrip("+~").startswith("hydra.")
+    ]
 
 
 def swept_settings(results: list[dict[str, Any]], sweep_dir: Path | None = None) -> list[str]:
@@ -167,8 +181,13 @@ class SweepSummary(Callback):
             sys.exit(1)  # as a single run that fails: a script's next command does not go on
         log.info("sweep summary: %s", sweep_dir / "summary.csv")
         swept = swept_settings(summary["runs"], sweep_dir)
+        described = {  # each job's swept settings, as it ended
+            Path(r["run_dir"]).name: " ".join(f"{k}={settings[k]}" for k in swept if k in settings)
+            for r in summary["runs"]
+            for settings in [overrides_as_dict(r)]
+        }
         for r in summary["runs"]:
-            settings = " ".join(o for o in r["overrides"] if o.lstrip("+").partition("=")[0] in swept) or "(defaults)"
+            settings = described[Path(r["run_dir"]).name] or "(defaults)"
             metrics = ", ".join(f"{m} {r['metrics'][m]:.4f}" for m in METRICS if m in r["metrics"]) or r.get(
                 "error", ""
             )
@@ -181,7 +200,7 @@ class SweepSummary(Callback):
             log.info(
                 "best: %s (%s), %s %.4f",
                 best["run"],
-                " ".join(o for o in best["overrides"] if o.lstrip("+").partition("=")[0] in swept) or "defaults",
+                described[best["run"]] or "defaults",
                 OBJECTIVE,
                 best[OBJECTIVE],
             )
