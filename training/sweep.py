@@ -108,11 +108,16 @@ def overrides_as_dict(result: dict[str, Any]) -> dict[str, str]:
 
 
 def changed_on_resume(result: dict[str, Any]) -> list[str]:
-    """The settings a job's continuation gave besides resume= (none for a job that was not continued)."""
+    """The settings a job's continuation changed: those it gave besides resume= that its start had not
+    (none for a job not continued, or continued with the sweep's own command line)."""
+    started = {o.lstrip("+") for o in result["overrides"]}
     return [
         o
         for o in result.get("resumed_with") or []
-        if "=" in o and o.lstrip("+~").partition("=")[0] not in ("resume",) and not o.lstrip("+~").startswith("hydra.")
+        if "=" in o
+        and o.lstrip("+") not in started
+        and o.lstrip("+~").partition("=")[0] != "resume"
+        and not o.lstrip("+~").startswith("hydra.")
     ]
 
 
