@@ -41,6 +41,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from data.sources import check_files
 from generation.checkpoint import CheckpointError, read_header
 from training.checks import ABSENT, SettingError, check_writable, lookup, trainer_parameters
+from training.ctrl_c import WATCH, unblock_ctrl_c
 from training.errors import USER_ERRORS, CheckpointSaveError
 from training.run_folder import (
     SWEEP_RECORD,
@@ -344,7 +345,8 @@ class Launch:
         }
         self.multirun = any(f in ("-m", "--multirun") for f in self.flags)
         self.first = process_rank() == 0  # of the processes of a multi-process launch
-        self.shown: str | None = None  # what an information flag shows that Hydra cannot (continued_config)
+        self.shown: str | None = None  # what to print instead of running: what an information flag shows
+        # that Hydra cannot (continued_config), or that a requeued sweep had finished
 
     def hydra_args(self) -> list[str]:
         """Check the command line and choose its folder; the arguments to give Hydra."""
@@ -670,6 +672,13 @@ class Launch:
             raise CommandLineError(f"the sweep {folder} cannot continue as it was started: {err}") from None
         numbered = "hydra.sweep.subdir" not in again.hydra and not any("glob(" in o for o in again.user)
         jobs = [RunFolder(folder / str(n)) for n in range(len(sweep_combinations(again.user, limit=math.inf)))]
+        if numbered and all(job.is_finished() for job in jobs) and requeued:  # stopped as it ended
+            summarize(folder)
+            summary = folder / "summary.csv"
+            self.shown = (
+                f"this job was restarted by its scheduler, and every job of its sweep had finished: {summary}\n"
+            )
+            return self.args
         if numbered and all(job.is_finished() for job in jobs):
             raise CommandLineError(
                 f"every job of the sweep {folder} finished (its summary: {folder / 'summary.csv'}); to train "
@@ -900,6 +909,15 @@ def stopped_by_ctrl_c(run_dir: Path | None = None, resume_record: Path | None = 
     """Ctrl-C outside the training loop's own graceful stop (start-up, data preparation, a second Ctrl-C):
     what this process made is taken back, unless the run has a checkpoint to continue from; one line
     says which. `run_dir`: the run's folder, once Hydra runs it."""
+    report_ctrl_c(run_dir, resume_record)
+    sys.exit(130)
+
+
+def report_ctrl_c(run_dir: Path | None = None, resume_record: Path | None = None) -> None:
+    """stopped_by_ctrl_c's work but for the exit. The processes a launch's first started say nothing:
+    they made nothing, and the first says how the launch stopped."""
+    if process_rank() != 0:
+        return
     kept = take_back_claims()
     if resume_record is not None:
         shutil.rmtree(resume_record, ignore_errors=True)  # a resume that never started leaves its run as it was
@@ -920,7 +938,6 @@ def stopped_by_ctrl_c(run_dir: Path | None = None, resume_record: Path | None = 
             else "before the run's first checkpoint; nothing was kept"
         )
         print(f"\nstopped {said}", file=sys.stderr)
-    sys.exit(130)
 
 
 _HELD_CTRL_C: list[bool] = []  # a Ctrl-C pressed while it was held
@@ -931,6 +948,7 @@ def hold_ctrl_c() -> None:
     state changes that a KeyboardInterrupt would leave half done (Hydra then prints a traceback), and
     the command line's checks import libraries that one would break."""
     signal.signal(signal.SIGINT, lambda signum, frame: _HELD_CTRL_C.append(True))
+    unblock_ctrl_c()  # a process a ddp launch started has it blocked from its start (block_for_children)
 
 
 def release_ctrl_c() -> None:
@@ -944,13 +962,15 @@ def release_ctrl_c() -> None:
 @hydra.main(version_base="1.3", config_path="configs", config_name="train")
 def main(cfg: DictConfig) -> float | None:
     release_ctrl_c()  # a Ctrl-C held while Hydra composed this job: raised before the job begins
+    hydra_cfg = HydraConfig.get()
+    run_dir = Path(hydra_cfg.runtime.output_dir)
+    resuming = cfg.get("resume") and str(hydra_cfg.output_subdir).startswith(RunFolder.resume_record(""))
+    where = (run_dir, run_dir / hydra_cfg.output_subdir if resuming else None)
+    WATCH.arm(lambda: report_ctrl_c(*where))  # (Ctrl-C while the processes of a ddp launch start)
     try:
         return run_job(cfg)
     except KeyboardInterrupt:
-        hydra_cfg = HydraConfig.get()
-        run_dir = Path(hydra_cfg.runtime.output_dir)
-        resuming = cfg.get("resume") and str(hydra_cfg.output_subdir).startswith(RunFolder.resume_record(""))
-        stopped_by_ctrl_c(run_dir, run_dir / hydra_cfg.output_subdir if resuming else None)
+        stopped_by_ctrl_c(*where)
     finally:
         hold_ctrl_c()  # Hydra's code again, until the next job (or the end)
 
@@ -1006,8 +1026,9 @@ def continue_job(cfg: DictConfig, folder: RunFolder) -> float | None:
             (folder.path.name, describe_metrics(metrics)), None,
         )  # fmt: skip
         for handler in logging.getLogger().handlers:  # on the console alone: the job's train.log stays as it ended
-            if not isinstance(handler, logging.FileHandler):
-                handler.handle(record)
+            if not isinstance(handler, logging.FileHandler) and log.isEnabledFor(logging.INFO):
+                if record.levelno >= handler.level:
+                    handler.handle(record)
         return metrics.get(OBJECTIVE, math.inf)
     if state == "resume":
         with open_dict(cfg):

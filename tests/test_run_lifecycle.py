@@ -493,6 +493,15 @@ def test_a_requeued_slurm_sweep_continues_in_its_folder(small_text, reference, t
     assert_bit_equal(sweep / "1" / "checkpoints" / "last.ckpt", reference / "checkpoints" / "last.ckpt")
     rows = list(csv.DictReader(open(sweep / "summary.csv")))
     assert [(r["run"], r["finished"]) for r in rows] == [("0", "true"), ("1", "true"), ("2", "true")]
+    assert "resumed with" not in rows[0]  # continued with the sweep's own settings, none changed
+
+    ended = snapshot(sweep, itself=False)
+    again = run_script("train.py", *args, cwd=tmp_path, env={**requeue, "SLURM_RESTART_COUNT": "2"})
+    assert again.returncode == 0, again.stderr[-2000:]  # requeued once more as it ended: nothing to do
+    assert "every job of its sweep had finished" in again.stdout
+    assert {k: v for k, v in snapshot(sweep, itself=False).items() if "summary" not in k} == {
+        k: v for k, v in ended.items() if "summary" not in k
+    }  # (the summary is written again)
 
     edited = run_script("train.py", *args[:-1], "trainer.max_steps=6,12", cwd=tmp_path, env=requeue)
     assert edited.returncode == 1

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -185,3 +188,60 @@ def test_debug_preset_runs_with_everything_on(small_text, tmp_path):
         assert (run / name).exists(), name
     assert list((run / "wandb").glob("offline-run-*"))
     assert json.loads((run / "result.json").read_text())["config"]["trainer"]["max_steps"] == 10
+
+
+def launched_children(pid: int) -> list[int]:
+    """The processes of a launch that its first process, pid, started (Lightning gives each a LOCAL_RANK;
+    other children, such as a tool the checks run, have none)."""
+    found = []
+    for listed in Path(f"/proc/{pid}/task").glob("*/children"):
+        try:
+            children = [int(child) for child in listed.read_text().split()]
+        except OSError:
+            continue
+        for child in children:
+            try:
+                if b"\0LOCAL_RANK=" in b"\0" + Path(f"/proc/{child}/environ").read_bytes():
+                    found.append(child)
+            except OSError:
+                continue
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="finds the launch's processes in /proc")
+@pytest.mark.parametrize("after", [0.0, 1.5])
+def test_ctrl_c_while_the_processes_of_a_ddp_run_start_takes_the_run_back(small_text, tmp_path, after):
+    """Ctrl-C as a terminal sends it (to every process of the command) while the first process waits for
+    the others it started: Lightning kills the first when one of them ends, which must not leave the
+    new run's folder behind, nor end in SIGKILL."""
+    args = ["trainer.strategy=ddp", "trainer.devices=2", "tokens_per_step=512", *TINY_OVERRIDES]
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "train.py"), *args, "trainer.max_steps=100000", f"data.path={small_text}"],
+        cwd=tmp_path,
+        env=script_environment(None, None),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # a process group of its own, as a terminal gives a command
+    )
+    try:
+        deadline = time.time() + 300
+        while not launched_children(proc.pid) and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.02)
+        time.sleep(after)
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert "Traceback" not in err, err[-3000:]
+    if proc.returncode == 0:  # (a fast machine: training had begun, and the stop checkpointed)
+        (run,) = tmp_path.glob("outputs/*/*")
+        assert list((run / "checkpoints").glob("step-*.ckpt")), err[-2000:]
+        return
+    assert proc.returncode == 130, err[-2000:]
+    assert err.rstrip().splitlines()[-1] == "stopped before the run's first checkpoint; nothing was kept"
+    assert err.count("\nstopped") == 1  # the first process says it; the others say nothing
+    assert not (tmp_path / "outputs").exists()

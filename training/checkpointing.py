@@ -20,6 +20,7 @@ from lightning.pytorch.core.optimizer import LightningOptimizer
 from lightning.pytorch.strategies import ModelParallelStrategy
 
 from . import failpoints
+from .ctrl_c import WATCH
 from .errors import CheckpointSaveError
 from .run_folder import RunFolder
 
@@ -244,6 +245,7 @@ class GracefulStop(L.Callback):
         self.last_step = trainer.global_step
         for sig in self.SIGNALS:  # after Lightning's own SIGTERM handler, which would stop mid-epoch
             self.previous[sig] = signal.signal(sig, self.handle)
+        WATCH.training_started()  # (Ctrl-C while a launch's processes start: training.ctrl_c)
 
     def restore(self) -> None:
         for sig, handler in self.previous.items():

@@ -21,6 +21,7 @@ from data.datamodule import TextDataModule, batches_for, tokens_per_char
 
 from .callbacks import LossCurve, ProgressBar, TextSamples, Throughput, ValidateAtEnd
 from .checkpointing import AtomicCheckpointIO, GracefulStop, PeriodicCheckpoints
+from .ctrl_c import block_for_children
 from .errors import USER_ERRORS, TrackerError, TrainingDiverged
 from .init_from import Start
 from .loggers import build_loggers, finish_loggers
@@ -179,6 +180,7 @@ def fit(
     )
     describe_run(settings, module)
     data = build_data(settings)
+    block_for_children(trainer)  # (a Ctrl-C as the processes of a ddp launch start: training.ctrl_c)
     try:
         trainer.fit(module, datamodule=data, ckpt_path=settings.resume_from, weights_only=True)
         if settings.resume_step == settings.max_steps and module.validated_step != settings.max_steps:

@@ -1,0 +1,117 @@
+"""Ctrl-C in the first process of a launch that started the others itself (trainer.strategy=ddp with
+trainer.devices above 1 on one machine: Lightning starts each further process as a child running
+train.py again).
+
+Until the training loop takes Ctrl-C over (checkpointing.GracefulStop), that process may wait inside
+a rendezvous or a collective, which a signal does not interrupt: Python raises KeyboardInterrupt only
+when the wait ends. Its children stop at the same Ctrl-C, and Lightning, seeing one of them end, kills
+the first process (SIGKILL) within seconds, before it could take back its new run folder. There a
+thread of its own takes the Ctrl-C: it says how the launch stopped (taking back what it made), ends the
+children and the process. A process that started none gets KeyboardInterrupt, as any Python program.
+
+While Lightning starts the children, the main thread blocks SIGINT (block_for_children; the watch's
+thread receives it, and Python still runs the handler on the main thread): they inherit it blocked, so
+a Ctrl-C as they start waits until their train.py takes it (hold_ctrl_c unblocks it), where it would
+break Python's own start-up.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+
+class CtrlCWatch:
+    """Ctrl-C while a job starts: train.py's main arms it; the training loop's own stop takes over from
+    its first step (GracefulStop). Which takes a Ctrl-C, the main thread (KeyboardInterrupt) or the
+    watch's thread, is decided once for it: the thread where this process's Trainer has started the
+    launch's other processes (see block_for_children)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.taker: str | None = None  # "thread" or "main", for the Ctrl-C under way
+        self.report: Callable[[], None] = lambda: None
+        self.launcher: Any = None  # Lightning's launcher that started the other processes (they run a sweep's
+        # every job beside this process's, so it stays)
+        self.training = False  # the training loop takes Ctrl-C (until the next job is armed)
+        self.reading: int | None = None
+
+    def arm(self, report: Callable[[], None]) -> None:
+        """From here Ctrl-C is this watch's, until train.py holds it again or the training loop takes it.
+        `report`: says how the launch stopped, taking back what it made (train.py's stopped_by_ctrl_c,
+        without its exit). Called on the main thread."""
+        self.report, self.taker, self.training = report, None, False
+        if not hasattr(signal, "pthread_sigmask"):  # (Windows: Ctrl-C is KeyboardInterrupt throughout)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            return
+        if self.reading is None:
+            self.reading, writing = os.pipe()
+            os.set_blocking(writing, False)
+            signal.set_wakeup_fd(writing, warn_on_full_buffer=False)  # each signal's number, as it arrives
+            threading.Thread(target=self.watch, daemon=True, name="ctrl-c-watch").start()
+        signal.signal(signal.SIGINT, self.handle)
+
+    def children(self) -> list:
+        """The launch's processes this one started (Popen objects), those that ended too."""
+        return list(getattr(self.launcher, "procs", None) or [])
+
+    def take(self) -> str:
+        with self.lock:
+            if self.taker is None:
+                self.taker = "thread" if self.children() and not self.training else "main"
+            return self.taker
+
+    def handle(self, signum, frame) -> None:
+        if self.take() == "main":
+            raise KeyboardInterrupt
+        threading.Event().wait(10)  # the thread ends the process; the main thread goes no further meanwhile
+
+    def watch(self) -> None:
+        unblock_ctrl_c()  # the thread that the process's SIGINT reaches while the main thread blocks it
+        while True:
+            arrived = os.read(self.reading, 512)
+            if signal.SIGINT not in arrived or signal.getsignal(signal.SIGINT) != self.handle:
+                continue  # another signal; or Ctrl-C while it is held or the training loop's own
+            if self.take() != "thread":
+                continue
+            try:
+                for child in self.children():
+                    child.kill()  # (as Lightning ends them; they hold nothing of the run)
+                    child.wait()
+                self.report()
+                for stream in (sys.stdout, sys.stderr):
+                    stream.flush()
+            except BaseException:
+                pass  # (the exit below comes whatever happened)
+            finally:
+                os._exit(130)
+
+    def training_started(self) -> None:
+        """The training loop takes Ctrl-C from here (GracefulStop), every process of the launch alike."""
+        self.training = True
+        unblock_ctrl_c()
+
+
+WATCH = CtrlCWatch()
+
+
+def block_for_children(trainer) -> None:
+    """Before `trainer.fit` of a process whose Trainer starts the launch's other processes: the watch's
+    thread takes a Ctrl-C from here, and SIGINT is blocked on the main thread until training starts, so
+    that they inherit it blocked. Nothing for any other process, or without an armed watch."""
+    environment = getattr(trainer.strategy, "cluster_environment", None)
+    starts_them = environment is not None and not environment.creates_processes_externally
+    if trainer.world_size > 1 and starts_them and WATCH.reading is not None and trainer.global_rank == 0:
+        WATCH.launcher = trainer.strategy.launcher
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+
+
+def unblock_ctrl_c() -> None:
+    """SIGINT delivered to this thread again (see block_for_children): the launch's processes have
+    started, or this one's train.py is ready to take a Ctrl-C it was started with blocked."""
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
