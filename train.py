@@ -947,8 +947,18 @@ def hold_ctrl_c() -> None:
     """From here until release_ctrl_c, Ctrl-C is held: Hydra composes each job's config in OmegaConf
     state changes that a KeyboardInterrupt would leave half done (Hydra then prints a traceback), and
     the command line's checks import libraries that one would break."""
-    signal.signal(signal.SIGINT, lambda signum, frame: _HELD_CTRL_C.append(True))
+    signal.signal(signal.SIGINT, held_ctrl_c)
     unblock_ctrl_c()  # a process a ddp launch started has it blocked from its start (block_for_children)
+
+
+def held_ctrl_c(signum, frame) -> None:
+    """A Ctrl-C while held is kept for release_ctrl_c. Pressed again before that (a check that waits on
+    a slow disk), the process ends at once, as while its libraries load."""
+    if _HELD_CTRL_C:
+        print("\nstopped at once (Ctrl-C twice)", file=sys.stderr, flush=True)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    _HELD_CTRL_C.append(True)
 
 
 def release_ctrl_c() -> None:

@@ -611,6 +611,20 @@ sys.meta_path.insert(0, CtrlCAsLightningLoads())
 """
 
 
+def test_ctrl_c_twice_while_the_checks_run_stops_at_once(small_text, tmp_path):
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    twice = CTRL_C_IN_AN_IMPORT.replace(
+        "os.kill(os.getpid(), signal.SIGINT)", "os.kill(os.getpid(), signal.SIGINT); " * 2
+    )
+    (hook / "sitecustomize.py").write_text(twice)
+    result = run_script("train.py", *run_args(small_text), cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(hook)})
+    assert result.returncode == -signal.SIGINT, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    assert result.stderr.rstrip().splitlines()[-1] == "stopped at once (Ctrl-C twice)"
+    assert not (tmp_path / "outputs").exists()
+
+
 @pytest.mark.parametrize("sweep", [False, True], ids=["run", "sweep"])
 def test_ctrl_c_while_the_checks_import_a_library_stops_cleanly(small_text, tmp_path, sweep):
     hook = tmp_path / "hook"
