@@ -918,6 +918,7 @@ def report_ctrl_c(run_dir: Path | None = None, resume_record: Path | None = None
     they made nothing, and the first says how the launch stopped."""
     if process_rank() != 0:
         return
+    WATCH.end_children()  # those a ddp launch started, still in a job of its sweep: they would wait for this one
     kept = take_back_claims()
     if resume_record is not None:
         shutil.rmtree(resume_record, ignore_errors=True)  # a resume that never started leaves its run as it was
@@ -955,8 +956,10 @@ def held_ctrl_c(signum, frame) -> None:
     """A Ctrl-C while held is kept for release_ctrl_c. Pressed again before that (a check that waits on
     a slow disk), the process ends at once, as while its libraries load."""
     if _HELD_CTRL_C:
-        print("\nstopped at once (Ctrl-C twice)", file=sys.stderr, flush=True)
         signal.signal(signal.SIGINT, signal.SIG_DFL)
+        if process_rank() == 0:
+            os.write(2, b"\nstopped at once (Ctrl-C twice)\n")  # (not print: the handler may run inside one)
+            WATCH.end_children()
         os.kill(os.getpid(), signal.SIGINT)
     _HELD_CTRL_C.append(True)
 

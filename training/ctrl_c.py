@@ -79,9 +79,7 @@ class CtrlCWatch:
             if self.take() != "thread":
                 continue
             try:
-                for child in self.children():
-                    child.kill()  # (as Lightning ends them; they hold nothing of the run)
-                    child.wait()
+                self.end_children()
                 self.report()
                 for stream in (sys.stdout, sys.stderr):
                     stream.flush()
@@ -89,6 +87,20 @@ class CtrlCWatch:
                 pass  # (the exit below comes whatever happened)
             finally:
                 os._exit(130)
+
+    def end_children(self) -> None:
+        """Kill the launch's processes this one started (as Lightning ends them; they hold nothing of the
+        run), taken out of Lightning's list first: its watch over them would kill this process too, on
+        seeing one of them killed."""
+        children = self.children()
+        if self.launcher is not None:
+            self.launcher.procs.clear()  # (the list Lightning's watch reads)
+        for child in children:
+            try:
+                child.kill()
+                child.wait(timeout=30)
+            except Exception:
+                pass
 
     def training_started(self) -> None:
         """The training loop takes Ctrl-C from here (GracefulStop), every process of the launch alike."""

@@ -21,7 +21,7 @@ from data.datamodule import TextDataModule, batches_for, tokens_per_char
 
 from .callbacks import LossCurve, ProgressBar, TextSamples, Throughput, ValidateAtEnd
 from .checkpointing import AtomicCheckpointIO, GracefulStop, PeriodicCheckpoints
-from .ctrl_c import block_for_children
+from .ctrl_c import block_for_children, unblock_ctrl_c
 from .errors import USER_ERRORS, TrackerError, TrainingDiverged
 from .init_from import Start
 from .loggers import build_loggers, finish_loggers
@@ -187,6 +187,7 @@ def fit(
             # stopped after its last step, before its final validation: fit had no step to train
             trainer.validate(module, datamodule=data, verbose=False)
     finally:
+        unblock_ctrl_c()  # (where training never started: see block_for_children)
         finish_loggers(loggers)
     metrics = {**module.latest_train_values, **module.latest_val_values}
     metrics.update({k: float(v) for k, v in trainer.callback_metrics.items() if torch.is_tensor(v) and v.numel() == 1})
