@@ -500,6 +500,15 @@ class Launch:
         """-m: every value of every swept setting is checked (of the command line, and the choices of a
         search such as hparams_search=optuna), then the sweep gets one new folder, unless
         hydra.sweep.dir names one; -m resume=SWEEP continues a sweep in its own."""
+        continued = self.continued_or_requeued(composer)
+        if continued is not None:
+            return continued
+        self.check_sweep(composer)
+        return self.sweep_folder()
+
+    def continued_or_requeued(self, composer: Composer) -> list[str] | None:
+        """-m continuing a sweep, in any process of a launch: the one resume= names, or the one a launch
+        its scheduler restarted had begun (continued_sweep's arguments); None for a new sweep."""
         resume = [o.partition("=")[2] for o in self.user if "=" in o and o.lstrip("+").partition("=")[0] == "resume"]
         if resume and resume[-1] in ("", "null"):  # an unset shell variable: not a new sweep of the defaults
             raise CommandLineError(
@@ -509,10 +518,7 @@ class Launch:
         if resume:
             return self.continued_sweep(composer, resume[-1])
         requeued = self.requeued_sweep()
-        if requeued is not None:
-            return self.continued_sweep(composer, str(requeued), requeued=True)
-        self.check_sweep(composer)
-        return self.sweep_folder()
+        return None if requeued is None else self.continued_sweep(composer, str(requeued), requeued=True)
 
     def requeued_sweep(self) -> Path | None:
         """The folder of the sweep that this launch, restarted by its scheduler (a requeued SLURM job,
@@ -694,12 +700,9 @@ class Launch:
         """-m in a process the first of a launch did not start: torchrun's and SLURM's derive the sweep
         folder the first chose, or continue the sweep it continues; Lightning's own launcher hands it
         over on the command line."""
-        resume = [o.partition("=")[2] for o in self.user if o.lstrip("+").partition("=")[0] == "resume"]
-        if resume and resume[-1] not in ("", "null"):
-            return self.continued_sweep(composer, resume[-1])
-        requeued = self.requeued_sweep()
-        if requeued is not None:
-            return self.continued_sweep(composer, str(requeued), requeued=True)
+        continued = self.continued_or_requeued(composer)
+        if continued is not None:
+            return continued
         shared = launcher_folder(SWEEPS_ROOT)
         if shared is None or self.hydra.get("hydra.sweep.dir"):
             return self.args
