@@ -646,9 +646,7 @@ class Launch:
             )
         owner = RunFolder(folder).held_by()
         if owner and self.first:  # (the other processes of a launch find it held by the first)
-            raise RunFolderError(
-                f"the sweep {folder} is under way ({owner}); wait for it to end (or stop it), then continue it"
-            )
+            raise RunFolder(folder).under_way(owner)
         if requeued and self.first:
             print(f"this job was restarted by its scheduler: continuing the sweep {folder}", file=sys.stderr)
         if not Path(started.cwd).is_dir():

@@ -650,6 +650,7 @@ def test_a_second_sweep_into_the_folder_of_one_under_way_is_refused(small_text, 
         while not (sweep / "0" / "metrics.csv").exists() and first.poll() is None and time.time() < deadline:
             time.sleep(0.05)  # the first job trains
         second = run_script("train.py", *args, "optim.lr=5e-3,6e-3", cwd=tmp_path)
+        continued = run_script("train.py", "-m", f"resume={sweep}", cwd=tmp_path)
         first.send_signal(signal.SIGINT)
         out, err = finish(first)
     finally:
@@ -658,6 +659,8 @@ def test_a_second_sweep_into_the_folder_of_one_under_way_is_refused(small_text, 
     assert one_error_line(second.stderr).startswith(
         f"error: hydra.sweep.dir={sweep} is the folder of a sweep under way"
     )
+    assert continued.returncode == 1  # nor continued while it runs, whatever the command line
+    assert one_error_line(continued.stderr).startswith(f"error: the sweep {sweep} is under way (process {first.pid} ")
     assert first.returncode == 0, err[-2000:]  # stopped with a checkpoint, as a sweep's Ctrl-C does
     rows = list(csv.DictReader(open(sweep / "summary.csv")))
     assert [r["optim.lr"] for r in rows] == ["0.001"]  # the first sweep's own job, nothing of the second's

@@ -321,21 +321,25 @@ class RunFolder:
             owner = os.read(fd, 4096).decode(errors="replace").strip() or "another process"
             os.close(fd)
             if err.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
-                if is_sweep(self.path):
-                    raise RunFolderError(
-                        f"the sweep {self.path} is under way ({owner}); wait for it to end (or stop it), then "
-                        f"continue it with {sweep_continue_command(self.path)}"
-                    ) from None
-                raise RunFolderError(
-                    f"run {self.path} is being trained by {owner}; wait for it to end (or stop it), then continue "
-                    f"with resume={self.path}"
-                ) from None
+                raise self.under_way(owner) from None
             raise
         os.ftruncate(fd, 0)
         os.write(
             fd, f"process {os.getpid()} on {socket.gethostname()}, since {datetime.now():%Y-%m-%d %H:%M:%S}".encode()
         )
         _HELD[key] = fd
+
+    def under_way(self, owner: str) -> RunFolderError:
+        """The refusal of a run or sweep that `owner`, another process, holds."""
+        if is_sweep(self.path):
+            return RunFolderError(
+                f"the sweep {self.path} is under way ({owner}); wait for it to end (or stop it), then continue it "
+                f"with {sweep_continue_command(self.path)}"
+            )
+        return RunFolderError(
+            f"run {self.path} is being trained by {owner}; wait for it to end (or stop it), then continue with "
+            f"resume={self.path}"
+        )
 
     def held_by(self) -> str | None:
         """The process holding another process's lock on this run, or None (this process's own: None)."""
