@@ -631,8 +631,13 @@ class Launch:
                 "job of it continues with settings of its own as python train.py resume=SWEEP/N ...)"
             )
         folder = RunFolder(given).path
+        if requeued and is_search(folder) and (folder / SEARCH_RESULT).is_file():  # stopped as it ended
+            self.shown = (
+                f"this job was restarted by its scheduler, and its search had ended: {folder / SEARCH_RESULT}\n"
+            )
+            return self.args
         try:
-            started = sweep_record(folder, given)
+            started = sweep_record(folder, given, requeued)
         except CommandLineError as err:
             if not requeued:
                 raise
@@ -713,8 +718,10 @@ class SweepRecord(NamedTuple):
     cwd: str  # where it was started
 
 
-def sweep_record(folder: Path, given: str) -> SweepRecord:
-    """Hydra's settings of the sweep at folder as it was started (its multirun.yaml), for continuing it."""
+def sweep_record(folder: Path, given: str, requeued: bool = False) -> SweepRecord:
+    """Hydra's settings of the sweep at folder as it was started (its multirun.yaml), for continuing it
+    (`given`: the resume= that named it, or, `requeued`, the folder a scheduler's restart found)."""
+    what = f"the sweep folder {given}" if requeued else f"resume={given}"
     record = folder / SWEEP_RECORD
     if not record.is_file():
         try:
@@ -722,12 +729,10 @@ def sweep_record(folder: Path, given: str) -> SweepRecord:
         except RunFolderError:  # no run either
             where = "does not exist" if not folder.exists() else "is not a sweep's folder"
             raise CommandLineError(
-                f"resume={given} {where}; with -m, resume= continues a sweep: give its folder (multirun/DATE/TIME, "
+                f"{what} {where}; with -m, resume= continues a sweep: give its folder (multirun/DATE/TIME, "
                 "the one holding multirun.yaml and the jobs' numbered folders)"
             ) from None
-        raise CommandLineError(
-            f"resume={given} is a run, not a sweep: continue it without -m ({continue_command(folder)})"
-        )
+        raise CommandLineError(f"{what} is a run, not a sweep: continue it without -m ({continue_command(folder)})")
     try:
         started = OmegaConf.to_container(OmegaConf.load(record).hydra, resolve=False)  # as the command line gave them
         overrides, cwd = started["overrides"], started["runtime"]["cwd"]
@@ -738,18 +743,19 @@ def sweep_record(folder: Path, given: str) -> SweepRecord:
     except Exception as err:
         problem = (str(err).strip().splitlines() or [type(err).__name__])[0]
         raise CommandLineError(
-            f"resume={given}: {record} cannot be read as a sweep's record ({problem}); continue its stopped jobs "
+            f"{what}: {record} cannot be read as a sweep's record ({problem}); continue its stopped jobs "
             f"alone with {continue_command(folder / 'N')}"
         ) from None
     if is_search(folder):
         raise CommandLineError(
-            f"resume={given} is a search, which is not continued in its folder: run it again with the same "
+            f"{what} is a search, which is not continued in its folder: run it again with the same "
             "hydra.sweeper.storage to add trials to its study; a stopped trial continues alone with "
             f"{continue_command(folder / 'N')}"
         )
     return SweepRecord(task, hydra_given, str(cwd))
 
 
+SEARCH_RESULT = "optimization_results.yaml"  # the best trial, which Optuna's sweeper writes as the search ends
 CONTINUED_SWEEP = "TINYGPT2_CONTINUED_SWEEP"  # the sweep folder a -m resume= launch continues
 JOB_RECORD = "tinygpt2_job_record"
 _JOB_RECORDS: dict[str, str | None] = {}

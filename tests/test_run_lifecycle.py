@@ -704,6 +704,36 @@ def test_an_optuna_search_records_every_trial_and_the_best(small_text, tmp_path)
     assert searched - fixed <= columns and not (searched & fixed) & columns  # each searched setting, varied or not
 
 
+def test_a_requeued_slurm_search_ends_if_it_had_ended_and_is_refused_in_one_line_if_not(small_text, tmp_path):
+    """A SLURM job running an Optuna search, requeued: the search is not continued in its folder
+    (its storage continues it), so a search killed part way is refused in one line, and one that had
+    ended when the job was requeued exits 0, as a finished sweep does."""
+    args = ["-m", "hparams_search=optuna", "hydra.sweeper.n_trials=1", *TINY_OVERRIDES, f"data.path={small_text}"]
+    args += ["trainer.max_time=null", "optim.warmup_steps=0"]
+    killed_job = {**os.environ, **SLURM, "SLURM_JOB_ID": "4343"}
+    killed = run_script("train.py", *args, cwd=tmp_path, env=killed_job, failpoint="kill:3")
+    assert killed.returncode == -signal.SIGKILL
+    requeued = run_script("train.py", *args, cwd=tmp_path, env={**killed_job, "SLURM_RESTART_COUNT": "1"})
+    assert requeued.returncode == 1 and "Traceback" not in requeued.stderr
+    sweep = tmp_path / "multirun" / "slurm-4343"
+    assert one_error_line(requeued.stderr).startswith(
+        f"error: this job was restarted by its scheduler, and its sweep cannot continue: the sweep folder {sweep} "
+        "is a search, which is not continued in its folder"
+    )
+
+    ended_job = {**os.environ, **SLURM}
+    ended = run_script("train.py", *args, cwd=tmp_path, env=ended_job)
+    assert ended.returncode == 0, ended.stderr[-2000:]
+    sweep = tmp_path / "multirun" / "slurm-4242"
+    before = snapshot(sweep, itself=False)
+    requeued = run_script("train.py", *args, cwd=tmp_path, env={**ended_job, "SLURM_RESTART_COUNT": "1"})
+    assert requeued.returncode == 0, requeued.stderr[-2000:]
+    assert requeued.stdout == (
+        f"this job was restarted by its scheduler, and its search had ended: {sweep / 'optimization_results.yaml'}\n"
+    )
+    assert snapshot(sweep, itself=False) == before
+
+
 # ---- any Lightning Trainer argument ------------------------------------------------------------------------
 
 
