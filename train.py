@@ -99,6 +99,9 @@ def trainer_defaults() -> set[str]:
 TRAINER_DEFAULTS = trainer_defaults()
 
 
+KIND_SETTINGS = ("data.source", "tokenizer.kind")  # what each choice of their group is
+
+
 class Composer:
     """Hydra's composition of configs/ for a list of overrides, as plain dicts; bad overrides become
     CommandLineError with one line."""
@@ -192,7 +195,27 @@ class Composer:
                     raise CommandLineError(no_group_choice(given.lstrip("+").split("=")[0], given)) from None
             raise CommandLineError(f"cannot compose the config: {str(err).splitlines()[0]}") from None
         self.check_added(overrides)
+        self.check_kinds(overrides)
         return {**values, "hydra": hydra_cfg} if with_hydra else values
+
+    def check_kinds(self, overrides: list[str]) -> None:
+        """data.source=pydoc, tokenizer.kind=char: what a group's choice is, changed under the settings of
+        another choice (a data.path pydoc would not read, a vocab_size no character tokenizer has):
+        refused for the group's choice, which brings its own settings."""
+        for override in overrides:
+            key, _, value = override.lstrip("+").partition("=")
+            if key not in KIND_SETTINGS:
+                continue
+            group, field = key.split(".")
+            chosen = self.choices(overrides).get(group)
+            recipe = CONFIG_DIR / group / f"{chosen}.yaml"
+            made = OmegaConf.load(recipe).get(field) if recipe.is_file() else None
+            if value != str(made):
+                instead = f"{group}={value}" if (CONFIG_DIR / group / f"{value}.yaml").is_file() else f"{group}=NAME"
+                raise CommandLineError(
+                    f"{override} would change the kind of {group}={chosen} and keep its settings; choose the "
+                    f"{group} itself instead: {instead}"
+                )
 
 
 def is_group(name: str) -> bool:

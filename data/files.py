@@ -12,6 +12,7 @@ import codecs
 import glob
 import logging
 import os
+import shlex
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -60,7 +61,10 @@ def expand_paths(path, setting: str = "data.path", fmt: str = "auto") -> tuple[l
         found = ", ".join(f"{n} {kind}" for kind, n in formats.most_common())
         raise DataError(f"{setting} {path} mixes formats ({found}); choose one with data.format=txt|json|csv|parquet")
     check_not_empty(files, path, setting)
-    return files, next(iter(formats))
+    fmt = next(iter(formats))
+    if fmt != "parquet":
+        check_not_utf16_or_32(files)
+    return files, fmt
 
 
 def described(extensions: Counter) -> str:
@@ -93,6 +97,29 @@ def check_not_empty(files: list[str], path: str, setting: str) -> None:
     if len(files) == 1:
         raise DataError(f"{setting} file {files[0]} is empty; give a file with text in it")
     raise DataError(f"{setting} {path}: all {len(files)} files are empty")
+
+
+UNICODE_MARKS = (  # a byte-order mark at the start of a file names its encoding (UTF-32's before UTF-16's,
+    (codecs.BOM_UTF32_LE, "UTF-32"),  # which begins the same)
+    (codecs.BOM_UTF32_BE, "UTF-32"),
+    (codecs.BOM_UTF16_LE, "UTF-16"),
+    (codecs.BOM_UTF16_BE, "UTF-16"),
+)
+
+
+def check_not_utf16_or_32(files: list[str]) -> None:
+    """A text file saved as UTF-16 or UTF-32 (as some Windows editors save it) is refused by the name of
+    its encoding: read as UTF-8 it is every other byte zero, which data.errors=replace would train on."""
+    for file in files:
+        with open(file, "rb") as f:
+            head = f.read(4)
+        encoding = next((name for mark, name in UNICODE_MARKS if head.startswith(mark)), None)
+        if encoding is not None:
+            converted = f"{os.path.splitext(file)[0]}-utf8{os.path.splitext(file)[1]}"
+            raise DataError(
+                f"{file} is {encoding} text (it starts with a {encoding} byte-order mark), not UTF-8; convert it "
+                f"to UTF-8: iconv -f {encoding} -t UTF-8 {shlex.quote(file)} > {shlex.quote(converted)}"
+            )
 
 
 def file_stats(files: list[str]) -> list[tuple[str, int, int]]:

@@ -94,7 +94,10 @@ def prepare_tokens(
         progress,
     )
     if counts["train_tokens"] == 0:
-        raise DataError(f"{source.label} holds no training text")
+        raise DataError(
+            f"{source.label} holds no training text: it is too short to leave any once its validation share "
+            "(data.val_fraction) is taken; give a longer text"
+        )
     failpoint_disk_full(staging)
     join_shards(shards, len(read_records(shards)), staging)
     return {"format": FORMAT_VERSION, "dtype": dtype.name, "vocab_size": vocab_size, "source": source.label, **counts}

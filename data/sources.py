@@ -74,6 +74,8 @@ def check_files(cfg) -> None:
         return
     if cfg.get("source") == "text" and not cfg.get("path"):
         raise no_path()
+    if cfg.get("source") == "shakespeare" and cfg.get("path"):
+        check_plain_text(cfg)
     fmt = cfg.get("format", "auto")
     for setting in ("path", "val_path"):
         if cfg.get(setting):
@@ -361,6 +363,7 @@ def shakespeare_source(cfg) -> Source:
     with none of those, the offline pydoc corpus, marked as a stand-in (the run sizes itself to it and
     says so: training.settings)."""
     if cfg.get("path"):
+        check_plain_text(cfg)
         return files_source(cfg, cfg.path)
     found = find_shakespeare(cfg.cache_dir, cfg.get("local_copies") or [], cfg.get("url") or SHAKESPEARE_URL)
     if found is None:
@@ -368,6 +371,16 @@ def shakespeare_source(cfg) -> Source:
         source.fallback = "Tiny Shakespeare is not available (no local copy, download failed)"
         return source
     return files_source(cfg, found)
+
+
+def check_plain_text(cfg) -> None:
+    """data=shakespeare reads data.path as plain text; a table's text column is data=text's to read."""
+    fmt = expand_paths(cfg["path"], "data.path", "auto")[1]
+    if fmt != "txt":
+        raise DataError(
+            f"data.path={cfg['path']} is {fmt} and data=shakespeare reads plain text; for your own files use "
+            f"data=text data.path={cfg['path']} (data.text_column names the column that holds the text)"
+        )
 
 
 def find_shakespeare(cache_dir: str, local_copies: list[str], url: str) -> str | None:

@@ -42,6 +42,15 @@ README_ROWS = {
         "use it, or leave it out",
     ),
     "a value of the wrong kind (`optim.lr=fast`)": (["optim.lr=fast"], "optim.lr must be a number, got 'fast'"),
+    "an empty path (`data.path=$DATA`, `DATA` unset)": (
+        ["data.path="],
+        "data.path is empty (an unset shell variable?): give a path, or leave it out",
+    ),
+    "what a group's choice is, changed alone (`tokenizer.kind=char`)": (
+        ["tokenizer.kind=char", "tokenizer.vocab_size=100"],
+        "tokenizer.kind=char would change the kind of tokenizer=bpe and keep its settings; choose the tokenizer "
+        "itself instead: tokenizer=char",
+    ),
     "a number that is not finite (`optim.lr=nan`)": (["optim.lr=nan"], "optim.lr must be a finite number, got nan"),
     "a list of the wrong length or kind (`optim.betas=[0.9]`)": (
         ["optim.betas=[0.9]"],
@@ -174,7 +183,7 @@ BAD_SETTINGS = [
     (["model.vocab_size=0"], "model.vocab_size must be a whole number of at least 1, got 0"),
     (["data.batch_size=0"], "data.batch_size must be at least 1, got 0"),
     (["data.val_fraction=1.5"], "data.val_fraction must be below 1, got 1.5"),
-    (["data.val_fraction=-0.1"], "data.val_fraction must be at least 0, got -0.1"),
+    (["data.val_fraction=-0.1"], "data.val_fraction must be above 0, got -0.1"),
     (["data.num_workers=-1"], "data.num_workers must be at least 0, got -1"),
     (["data.num_proc=0"], "data.num_proc must be at least 1, got 0"),
     (["data.local_copies=x.txt"], "data.local_copies must be a list of values"),
@@ -288,6 +297,26 @@ BAD_SETTINGS = [
     (["--config-dir", "elsewhere"], "train.py composes configs/train.yaml: put your own config files in configs/"),
     (["hydra.job.chdirr=true"], "unknown setting 'hydra.job.chdirr'"),
     (["runs_root="], "runs_root is empty; give a folder, e.g. runs_root=outputs"),
+    # an empty path is an unset shell variable (data.path=$DATA), not the current folder nor "no path"
+    (["data.val_fraction=0"], "data.val_fraction must be above 0, got 0"),  # at once, not as the data is read
+    (["data.path="], "data.path is empty (an unset shell variable?): give a path, or leave it out"),
+    (["data=text", "data.path=''"], "data.path is empty (an unset shell variable?): give a path, or leave it out"),
+    (["data.cache_dir="], "data.cache_dir is empty (an unset shell variable?): give a folder (TINYGPT2_CACHE, when"),
+    (["latest_link="], "latest_link is empty (an unset shell variable?): give a path, or latest_link=null for no"),
+    (["tokenizer=pretrained", "tokenizer.path="], "tokenizer.path is empty (an unset shell variable?): give a path"),
+    (["-m", "init_from=", "optim.lr=1e-3,2e-3"], "init_from is empty (an unset shell variable?): give a path, or"),
+    # what a group's choice is, changed under another choice's settings (pydoc would drop data.path)
+    (
+        ["data.source=pydoc", "data.path=/no/such.txt"],
+        "data.source=pydoc would change the kind of data=shakespeare and keep its settings; choose the data itself "
+        "instead: data=pydoc",
+    ),
+    (
+        ["tokenizer.kind=char", "tokenizer.vocab_size=100"],
+        "tokenizer.kind=char would change the kind of tokenizer=bpe and keep its settings; choose the tokenizer "
+        "itself instead: tokenizer=char",
+    ),
+    (["-m", "tokenizer.kind=bpe,char"], "tokenizer.kind=char would change the kind of tokenizer=bpe"),
     (
         ["data.path=~/x.txt"],
         "data.path=~/x.txt: a value cannot start with ~ on this command line; write data.path=$HOME/x.txt",
@@ -332,6 +361,7 @@ def test_good_settings_of_the_same_kinds_are_accepted():
         ["--info", "defaults", "optim=muon"],
         ["-sc", "install=bash"],
         ["--cfg", "job", "-cn", "train"],  # the config flags' words too
+        ["data=pydoc", "data.source=pydoc", "tokenizer=char", "tokenizer.kind=char"],  # the kind each choice is
     ):
         assert train.check_command_line(args) is None, args
 

@@ -54,6 +54,41 @@ def test_empty_file(tmp_path):
     )
 
 
+@pytest.mark.parametrize("encoding, name", [("utf-16", "UTF-16"), ("utf-16-be", "UTF-16"), ("utf-32", "UTF-32")])
+@pytest.mark.parametrize("errors", ["strict", "replace"])
+def test_a_file_saved_as_utf16_or_utf32_is_named_so_whatever_data_errors_says(tmp_path, encoding, name, errors):
+    """Read as UTF-8 with data.errors=replace (what the not-UTF-8 message offers), such a file would
+    train on every other byte zero."""
+    wide = tmp_path / "wide.txt"
+    mark = "\ufeff" if encoding == "utf-16-be" else ""  # (Python's utf-16 and utf-32 write the mark themselves)
+    wide.write_bytes((mark + "First Citizen:\nBefore we proceed any further, hear me speak.\n").encode(encoding))
+    message = refused_preparation(tmp_path, path=str(wide), errors=errors)
+    assert message == (
+        f"{wide} is {name} text (it starts with a {name} byte-order mark), not UTF-8; convert it to UTF-8: "
+        f"iconv -f {name} -t UTF-8 {wide} > {tmp_path / 'wide-utf8.txt'}"
+    )
+
+
+def test_a_table_given_as_tiny_shakespeare_points_to_data_text(tmp_path):
+    """data=shakespeare reads its data.path as plain text; its settings have no text column."""
+    table = tmp_path / "dump.jsonl"
+    table.write_text('{"content": "First Citizen: hear me speak."}\n')
+    message = refused_preparation(tmp_path, source="shakespeare", path=str(table))
+    assert message == (
+        f"data.path={table} is json and data=shakespeare reads plain text; for your own files use data=text "
+        f"data.path={table} (data.text_column names the column that holds the text)"
+    )
+
+
+def test_a_text_too_short_to_leave_training_text_says_so(tmp_path):
+    one = tmp_path / "one.txt"
+    one.write_text("a")
+    assert refused_preparation(tmp_path, path=str(one)) == (
+        f"{one} holds no training text: it is too short to leave any once its validation share "
+        "(data.val_fraction) is taken; give a longer text"
+    )
+
+
 def test_files_that_hold_only_blank_lines(tmp_path):
     blank = tmp_path / "blank.txt"
     blank.write_text("\n\n\n")

@@ -110,6 +110,19 @@ class Text:
 
 
 @dataclass(frozen=True)
+class PathText(Text):
+    """A path: never empty, which is an unset shell variable (data.path=$DATA), not a place."""
+
+    instead: str = ""  # what to do rather than give it empty
+
+    def check(self, key: str, value: Any) -> None:
+        super().check(key, value)
+        if isinstance(value, str) and not value.strip():
+            instead = self.instead or ("give a path, or leave it out" if self.optional else "give a path")
+            raise SettingError(f"{key} is empty (an unset shell variable?): {instead}")
+
+
+@dataclass(frozen=True)
 class Flag:
     optional: bool = False  # null allowed: chosen by the program
 
@@ -278,9 +291,9 @@ SEED = Number(whole=True, min=0, below=2**32)
 SPEC: dict[str, Any] = {
     "seed": SEED,
     "resume": Text(optional=True),
-    "runs_root": Text(),
-    "latest_link": Text(optional=True),
-    "init_from": Text(optional=True),
+    "runs_root": Text(),  # (empty: check_places in train.py)
+    "latest_link": PathText(optional=True, instead="give a path, or latest_link=null for no link"),
+    "init_from": PathText(optional=True),
     "tokens_per_step": Number(whole=True, min=1, optional=True),
     "compile": Flag(optional=True),
     "checkpoint.every_n_steps": STEPS,
@@ -303,13 +316,13 @@ SPEC: dict[str, Any] = {
     "tokenizer.kind": Choice(("bpe", "char", "pretrained")),
     "tokenizer.vocab_size": Number(whole=True, max=COUNT_LIMIT),  # its least is BPE's: check_together says why
     "tokenizer.max_train_chars": STEPS,
-    "tokenizer.path": Text(),
+    "tokenizer.path": PathText(),
     "data.source": Choice(("shakespeare", "text", "hub", "pydoc")),
-    "data.path": Text(optional=True),
+    "data.path": PathText(optional=True),
     "data.url": Text(optional=True),
-    "data.local_copies": ListOf(Text()),
-    "data.cache_dir": Text(),
-    "data.val_fraction": Number(min=0, below=1),
+    "data.local_copies": ListOf(PathText()),
+    "data.cache_dir": PathText(instead="give a folder (TINYGPT2_CACHE, when set, gives it)"),
+    "data.val_fraction": Number(above=0, below=1),
     "data.num_proc": Number(whole=True, min=1, optional=True),
     "data.shard_chars": Number(whole=True, min=1, optional=True),
     "data.batch_size": STEPS,
@@ -319,7 +332,7 @@ SPEC: dict[str, Any] = {
     "data.one_document_per": Choice(("file", "line")),
     "data.text_column": Text(),
     "data.errors": Choice(("strict", "replace", "ignore")),
-    "data.val_path": Text(optional=True),
+    "data.val_path": PathText(optional=True),
     "data.name": Text(),
     "data.config": Text(optional=True),
     "data.split": Text(),

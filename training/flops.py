@@ -136,7 +136,7 @@ def measure_cpu_peak_flops(size: int = 1024, seconds: float = 0.5) -> float:
 
 def peak_cache(cache_dir: str | os.PathLike | None = None) -> Path:
     """The file that keeps the fastest fp32 rate seen on each machine, thread count and torch version."""
-    root = cache_dir or os.environ.get("TINYGPT2_CACHE", "~/.cache/tinygpt2")
+    root = cache_dir or os.environ.get("TINYGPT2_CACHE") or "~/.cache/tinygpt2"  # (set but empty: unset)
     return Path(root).expanduser() / "cpu_peak_flops.json"
 
 
