@@ -214,6 +214,11 @@ def hub_source(cfg) -> Source:
     identity = {"kind": "hub", **settings, "val_fraction": cfg.val_fraction}
     folder = Path(str(name)).expanduser()
     looks_local = str(name).startswith((".", "/", "~")) or str(name).count("/") > 1  # a Hub name is owner/name
+    if looks_local and folder.is_file():
+        raise DataError(
+            f"data.name={name} is a file, and data=hub reads a dataset (a Hub name, or a local dataset's folder); "
+            f"for files of your own use data=text data.path={name}"
+        )
     if looks_local and not folder.is_dir():
         raise DataError(
             f"data.name={name}: no such folder; give the folder of a local dataset, or a Hub dataset as owner/name"

@@ -67,6 +67,13 @@ def train_bpe(texts: Iterable[str], vocab_size: int) -> Tokenizer:
     )
     tokenizer.train_from_iterator(reported(texts, vocab_size), trainer)
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    if tokenizer.get_vocab_size() < vocab_size:  # every pair of the text merged: the model is sized to what there is
+        log.warning(
+            "tokenizer.vocab_size=%d is more than this text has merges for: the tokenizer has %d tokens, and the "
+            "model that many; give a smaller tokenizer.vocab_size, or more text",
+            vocab_size,
+            tokenizer.get_vocab_size(),
+        )
     return tokenizer
 
 

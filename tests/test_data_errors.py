@@ -228,6 +228,16 @@ def test_hub_local_folder_that_does_not_exist(name, tmp_path):
     )
 
 
+def test_hub_dataset_named_by_a_file_points_to_data_text(tmp_path):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("some text of my own")
+    message = refused_preparation(tmp_path, source="hub", name=str(notes), split="train", val_split="auto")
+    assert message == (
+        f"data.name={notes} is a file, and data=hub reads a dataset (a Hub name, or a local dataset's folder); for "
+        f"files of your own use data=text data.path={notes}"
+    )
+
+
 def test_hub_split_that_does_not_exist(tmp_path):
     folder = hub_folder(tmp_path, {"train": 30})
     message = refused_preparation(tmp_path, source="hub", name=str(folder), split="train", val_split="validation")

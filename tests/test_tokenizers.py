@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import random
 
 import numpy as np
@@ -211,3 +212,15 @@ def test_train_py_says_how_much_of_the_text_a_tokenizer_loses(tmp_path, small_te
     assert proc.returncode == 0, proc.stderr[-2000:]
     warned = [line for line in (proc.stdout + proc.stderr).splitlines() if "unknown token [UNK]" in line]
     assert len(warned) == 1 and "[WARNING]" in warned[0] and "validation tokens (" in warned[0]
+
+
+def test_a_vocabulary_larger_than_the_text_has_merges_for_is_said_in_a_warning(caplog):
+    text = "hello world, hello there. " * 50
+    with caplog.at_level(logging.WARNING, logger="data.tokenizer"):
+        tokenizer = train_bpe([text], 1000)
+    assert tokenizer.get_vocab_size() < 1000
+    (record,) = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert record.getMessage() == (
+        f"tokenizer.vocab_size=1000 is more than this text has merges for: the tokenizer has "
+        f"{tokenizer.get_vocab_size()} tokens, and the model that many; give a smaller tokenizer.vocab_size, or more text"
+    )
