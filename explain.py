@@ -24,13 +24,12 @@ import math
 import sys
 import textwrap
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 from torch import nn
 
 from generation.checkpoint import CheckpointError, given_or_newest, load_checkpoint
-from generation.cli import Parser
+from generation.cli import Parser, given_path, run_program, whole_number
 from generation.session import PromptError, Session
 from generation.text import token_label
 from model import GPT
@@ -483,12 +482,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prompt", default="", help="text to run through the model (empty: <|endoftext|>)")
     p.add_argument(
         "--ckpt",
-        type=Path,
+        type=given_path,
         default=None,
         help="a run folder, .ckpt file or Hugging Face folder (default: outputs/latest)",
     )
-    p.add_argument("--layer", type=int, default=0, help="the layer to explain, from 0 (default 0)")
-    p.add_argument("--head", type=int, default=0, help="the head whose attention weights are shown, from 0 (default 0)")
+    p.add_argument("--layer", type=whole_number, default=0, help="the layer to explain, from 0 (default 0)")
+    p.add_argument(
+        "--head", type=whole_number, default=0, help="the head whose attention weights are shown, from 0 (default 0)"
+    )
     p.add_argument("--json", action="store_true", help="print the same as one JSON document")
     return p.parse_args(argv)
 
@@ -510,10 +511,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C from here: see the except below
     args = parse_args(argv)
     try:
-        return run(args)
-    except (UsageError, PromptError, CheckpointError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
+        return run_program(lambda: run(args), UsageError, PromptError, CheckpointError)
     except KeyboardInterrupt:
         print(file=sys.stderr)
         return 130

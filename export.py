@@ -23,18 +23,23 @@ import os
 import re
 import shutil
 import sys
+import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from tokenizers import Tokenizer
 
 from data.tokenizer import EOT
-from generation.checkpoint import NEWEST_RUN, CheckpointError, Loaded, load_checkpoint
-from generation.cli import Parser
+from generation.checkpoint import CheckpointError, Loaded, given_or_newest, load_checkpoint
+from generation.cli import Parser, given_path, run_program
+from generation.output import OutputError, cannot_write, making_folders
 from model import GPT
 from model.hf import hf_config_dict, to_hf_state_dict
 
 TOLERANCE = 1e-4
+STOPS = (signal.SIGINT, signal.SIGTERM)  # Ctrl-C, and a scheduler's or `kill`'s stop
 FILES = (
     "README.md",
     "config.json",
@@ -59,11 +64,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = Parser(description="Write a checkpoint as a Hugging Face GPT-2 folder and check it with transformers.")
     p.add_argument(
         "--ckpt",
-        type=Path,
-        default=NEWEST_RUN,
+        type=given_path,
+        default=None,
         help="a run folder, .ckpt file or Hugging Face folder (default: outputs/latest)",
     )
-    p.add_argument("--out", type=Path, required=True, help="the folder to write; must be new or empty")
+    p.add_argument("--out", type=given_path, required=True, help="the folder to write; must be new or empty")
     p.add_argument("--force", action="store_true", help="replace --out even if it already holds a Hugging Face model")
     p.add_argument("--push-to-hub", metavar="REPO", default=None, help="then upload the folder to this Hub repository")
     return p.parse_args(argv)
@@ -329,16 +334,25 @@ def process_exists(pid: int) -> bool:
 @contextlib.contextmanager
 def stops_held():
     """Ctrl-C and SIGTERM wait until the folder is in place: between moving a replaced model aside and
-    putting the new one in its place, a stop would leave --out with neither."""
-    stops = {signal.SIGINT, signal.SIGTERM}
-    if not hasattr(signal, "pthread_sigmask"):  # Windows
+    putting the new one in its place, a stop would leave --out with neither. Held by handlers that note
+    them, not by blocking the signals: a blocked signal is delivered to another thread (torch's), and
+    Python raises it in the main thread all the same."""
+    if threading.current_thread() is not threading.main_thread():  # only the main thread sets handlers
         yield
         return
-    signal.pthread_sigmask(signal.SIG_BLOCK, stops)
+    held: list[int] = []
+    before = {stop: signal.signal(stop, lambda signum, frame: held.append(signum)) for stop in STOPS}
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)  # a stop that came meanwhile is raised here
+        for stop, handler in before.items():
+            signal.signal(stop, handler)
+        if held:  # the first stop that came meanwhile, as it would have come
+            handler = before[held[0]]
+            if callable(handler):
+                handler(held[0], None)
+            else:  # SIG_DFL: export() called where no handler was set
+                signal.raise_signal(held[0])
 
 
 @contextlib.contextmanager
@@ -382,12 +396,32 @@ def install(staging: Path, out: Path) -> None:
             old.rename(out)
         raise
     if old is not None:
-        shutil.rmtree(old)
+        shutil.rmtree(old, ignore_errors=True)  # the new folder is in place; the old one's remains are no loss
 
 
-def export(ckpt: Path, out: Path, force: bool = False, hub_repo: str | None = None) -> float:
-    """Write ckpt as a Hugging Face folder at out (and upload it to hub_repo); returns the largest logit
-    difference found."""
+@dataclass
+class Exported:
+    out: Path  # absolute
+    difference: float  # the largest logit difference transformers' load of it gives
+    tokens: int  # over this many tokens
+    bias: bool  # whether the model has biases (else they are written as zeros)
+
+
+class Progress:
+    """How far an export went, as the line a stop (or a report that cannot be printed) ends with says it."""
+
+    def __init__(self):
+        self.written: Path | None = None
+
+    def __str__(self) -> str:
+        return "nothing was written" if self.written is None else f"{self.written} is written"
+
+
+def export(
+    ckpt: Path, out: Path, force: bool = False, hub_repo: str | None = None, progress: Progress | None = None
+) -> Exported:
+    """Write ckpt as a Hugging Face folder at out, checked with transformers first: the folder is put in
+    place whole, or nothing is written (no folder it made, no file it began)."""
     # `--out .` has no name to stage beside; a link to a folder is written through, into the folder
     out = out.expanduser().absolute()
     out = out.resolve() if out.is_symlink() else out
@@ -398,57 +432,55 @@ def export(ckpt: Path, out: Path, force: bool = False, hub_repo: str | None = No
     tokenizer = loaded.tokenizer
     if tokenizer is None:
         raise ExportError(f"{loaded.path} carries no tokenizer; a Hugging Face folder needs one")
-    made = [p for p in (out.parent, *out.parent.parents) if not p.exists()]  # removed again if nothing is written
-    installed = False
-    try:
+    staging = out.with_name(f".{out.name}.partial-{os.getpid()}")
+    with making_folders(out.parent):
         try:
-            out.parent.mkdir(parents=True, exist_ok=True)
-            remove_left_behind(out)
-            staging = out.with_name(f".{out.name}.partial-{os.getpid()}")
-            staging.mkdir()
-        except OSError as err:
-            raise ExportError(
-                f"--out {out}: cannot write in {out.parent} ({err.strerror}); choose a writable folder"
-            ) from None
-        try:
-            write_folder(staging, loaded, tokenizer)
-            difference, count = compare_logits(staging, loaded.model, tokenizer)
-            if not difference <= TOLERANCE:  # a NaN fails too
+            try:
+                out.parent.mkdir(parents=True, exist_ok=True)
+                remove_left_behind(out)
+                staging.mkdir()
+            except OSError as err:
                 raise ExportError(
-                    f"transformers' logits differ from ours by {difference:.3g} (limit {TOLERANCE:g}); "
-                    "nothing was written"
-                )
-            with taking_turns_in(out.parent), stops_held():
-                try:  # again: another export may have written --out while this one ran
-                    check_destination(out, ckpt, force)
-                except ExportError as err:
-                    raise ExportError(f"{err} (it was written while this export ran); nothing was written") from None
-                install(staging, out)
-                installed = True
-        except OSError as err:
-            raise ExportError(f"writing {out} failed ({err}); nothing was written") from None
+                    f"--out {out}: cannot write in {out.parent} ({err.strerror}); choose a writable folder"
+                ) from None
+            try:
+                write_folder(staging, loaded, tokenizer)
+                difference, count = compare_logits(staging, loaded.model, tokenizer)
+                if not difference <= TOLERANCE:  # a NaN fails too
+                    raise ExportError(
+                        f"transformers' logits differ from ours by {difference:.3g} (limit {TOLERANCE:g}); "
+                        "nothing was written"
+                    )
+                with taking_turns_in(out.parent), stops_held():
+                    try:  # again: another export may have written --out while this one ran
+                        check_destination(out, ckpt, force)
+                    except ExportError as err:
+                        raise ExportError(
+                            f"{err} (it was written while this export ran); nothing was written"
+                        ) from None
+                    install(staging, out)
+                    if progress is not None:  # before a stop held meanwhile is raised
+                        progress.written = out
+            except (OSError, SafetensorError) as err:  # a full disk: safetensors says so in its own error
+                raise ExportError(f"{cannot_write(f'--out {out}', err)}; nothing was written") from None
         finally:
-            shutil.rmtree(staging, ignore_errors=True)
-    finally:
-        if not installed:
-            for folder in made:  # innermost first; only folders this export made, and only if still empty
-                try:
-                    folder.rmdir()
-                except OSError:
-                    break
-    note = (
-        ""
-        if loaded.model.config.bias
-        else " (this model has no biases: they are written as zeros, which compute the same)"
-    )
+            with stops_held():  # a second Ctrl-C would leave it half removed
+                shutil.rmtree(staging, ignore_errors=True)
+    return Exported(out, difference, count, loaded.model.config.bias)
+
+
+def report(exported: Exported, hub_repo: str | None) -> None:
+    """Say what was written and how to load it; then upload it, if asked."""
+    out = exported.out
+    note = "" if exported.bias else " (this model has no biases: they are written as zeros, which compute the same)"
     print(f"wrote {out}: {', '.join(FILES)}{note}")
     print(
-        f"checked with transformers: largest logit difference {difference:.3g} over {count} tokens (limit {TOLERANCE:g})"
+        f"checked with transformers: largest logit difference {exported.difference:.3g} over {exported.tokens} "
+        f"tokens (limit {TOLERANCE:g})"
     )
     print(f"load it with GPT2LMHeadModel.from_pretrained({str(out)!r}) and AutoTokenizer.from_pretrained({str(out)!r})")
     if hub_repo is not None:
         print(f"uploaded to {push_to_hub(out, hub_repo)}")
-    return difference
 
 
 class Terminated(BaseException):  # as KeyboardInterrupt: no library's `except Exception` takes it
@@ -463,17 +495,22 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C from here: see the except below
     before = signal.signal(signal.SIGTERM, terminate)
     args = parse_args(argv)
+    progress = Progress()
+
+    def work() -> None:
+        exported = export(given_or_newest(args.ckpt), args.out, args.force, args.push_to_hub, progress)
+        try:
+            report(exported, args.push_to_hub)
+        except OutputError as err:
+            raise OutputError(f"{err} ({progress})") from None
+
     try:
-        export(args.ckpt, args.out, args.force, args.push_to_hub)
-    except (ExportError, CheckpointError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
+        return run_program(work, ExportError, CheckpointError)
     except (KeyboardInterrupt, Terminated) as stop:
-        print("\nstopped", file=sys.stderr)
+        print(f"\nstopped; {progress}", file=sys.stderr)
         return 143 if isinstance(stop, Terminated) else 130
     finally:
         signal.signal(signal.SIGTERM, before)
-    return 0
 
 
 if __name__ == "__main__":

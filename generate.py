@@ -21,7 +21,6 @@ if __name__ == "__main__":
 import argparse
 import itertools
 import math
-import os
 import sys
 import tempfile
 from pathlib import Path
@@ -30,7 +29,8 @@ import torch
 from tokenizers import Tokenizer
 
 from generation.checkpoint import CheckpointError, given_or_newest, load_checkpoint
-from generation.cli import Parser
+from generation.cli import Parser, given_path, number, run_program, whole_number
+from generation.output import OutputError, cannot_write
 from generation.session import Completion, PromptError, Sampling, Session
 from generation.text import token_label
 
@@ -39,27 +39,12 @@ class UsageError(ValueError):
     """Bad command-line input; the message says what to change."""
 
 
-def whole_number(text: str) -> int:
-    """A count as a user may write it: 500, 2_000 or 1e3 (as train.py's settings take it)."""
-    try:
-        return int(text)
-    except ValueError:
-        pass
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not value.is_integer():
-        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}")
-    return int(value)
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = Parser(description="Sample text from a tinygpt2 checkpoint or a Hugging Face GPT-2 folder.")
     p.add_argument("--prompt", default="", help="text to continue (empty: start from <|endoftext|>)")
     p.add_argument(
         "--ckpt",
-        type=Path,
+        type=given_path,
         default=None,
         help="a run folder, .ckpt file or Hugging Face folder (default: outputs/latest)",
     )
@@ -69,9 +54,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=500,
         help="tokens to generate per sample; may exceed the context (default 500)",
     )
-    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy; higher = more varied (default 0.8)")
+    p.add_argument("--temperature", type=number, default=0.8, help="0 = greedy; higher = more varied (default 0.8)")
     p.add_argument("--top-k", type=whole_number, default=None, help="sample only among the k most likely tokens")
-    p.add_argument("--top-p", type=float, default=None, help="sample only among the most likely tokens holding mass p")
+    p.add_argument("--top-p", type=number, default=None, help="sample only among the most likely tokens holding mass p")
     p.add_argument(
         "--num-samples", type=whole_number, default=1, help="samples, generated together as one batch (default 1)"
     )
@@ -84,7 +69,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--attention-png",
-        type=lambda text: Path(text).expanduser(),  # `--attention-png=~/a.png`: the shell leaves that ~ as it is
+        type=given_path,
         default=None,
         metavar="FILE",
         help="draw the last layer's attention of sample 1",
@@ -223,7 +208,10 @@ def save_attention(model, tokenizer: Tokenizer, result: Completion, path: Path) 
     weights = model.attention_weights(idx)[-1][0]  # (n_head, T, T)
     labels = [token_label(tokenizer, t) for t in window]
     title = f"layer {model.config.n_layer - 1} attention, {len(window)} tokens (prompt {max(prompt_len, 0)})"
-    save_attention_png(weights, labels, path, title=title, prompt_len=prompt_len)
+    try:
+        save_attention_png(weights, labels, path, title=title, prompt_len=prompt_len)
+    except OSError as err:  # a full disk: the picture is written whole or not at all, so nothing is left
+        raise OutputError(f"{cannot_write(f'--attention-png {path}', err)} (nothing was written)") from None
     cropped = f" (the last {len(window)} of {len(ids)} tokens: the context window)" if len(window) < len(ids) else ""
     return f"[attention of the last layer written to {path}{cropped}]"
 
@@ -233,16 +221,10 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.default_int_handler)  # from here Ctrl-C stops a sample (see the top)
     args = parse_args(argv)
     try:
-        return run(args)
-    except (UsageError, PromptError, CheckpointError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
+        return run_program(lambda: run(args), UsageError, PromptError, CheckpointError)
     except KeyboardInterrupt:
         print(file=sys.stderr)
         return 130
-    except BrokenPipeError:  # `python generate.py ... | head`: the reader has all it wants
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so that the exit's flush has somewhere to go
-        return 141
 
 
 def run(args: argparse.Namespace) -> int:

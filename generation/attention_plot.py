@@ -9,6 +9,8 @@ from pathlib import Path
 
 import torch
 
+from generation.output import making_folders
+
 MAX_LABELS = 96  # beyond this many tokens, label every n-th one so the labels stay legible
 
 
@@ -17,7 +19,7 @@ def save_attention_png(
 ) -> Path:
     """Write weights (n_head, T, T) as a PNG: row = the token attending (query), column = the token
     attended to (key). A dashed line marks where the prompt ends. The file appears complete or not
-    at all (written aside, then renamed)."""
+    at all (written aside, then renamed), and a failed write leaves no folder it made."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -56,14 +58,15 @@ def save_attention_png(
     figure.supylabel("attending (query)", fontsize=9)
 
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.partial")
-    try:
-        with open(tmp, "wb") as out, warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # glyphs missing from the font: the label shows a box instead
-            figure.savefig(out, format="png", dpi=150)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with making_folders(path.parent):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            with open(tmp, "wb") as out, warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # glyphs missing from the font: the label shows a box instead
+                figure.savefig(out, format="png", dpi=150)
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
     return path

@@ -20,6 +20,8 @@ import json
 import os
 import pickle
 import re
+import zipfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -112,10 +114,17 @@ def resolve_checkpoint(path: str | Path) -> Path:
     if path.is_file():
         return path
     if path.is_dir():
-        for folder in (path / CHECKPOINTS_DIR, path):
-            for name in CHECKPOINT_NAMES:
-                if (folder / name).is_file():
-                    return folder / name
+        candidates = [folder / name for folder in (path / CHECKPOINTS_DIR, path) for name in CHECKPOINT_NAMES]
+        found = next((file for file in candidates if file.is_file()), None)
+        if found is not None:
+            return found
+        broken = next((file for file in candidates if file.is_symlink()), None)
+        if broken is not None:
+            others = sorted((f for f in broken.parent.glob("*.ckpt") if f.is_file()), key=lambda f: f.stat().st_mtime)
+            gone = f"{broken} is a broken link: it points at {os.readlink(broken)}, which no longer exists"
+            if others:
+                raise CheckpointError(f"{gone}; name another checkpoint of the run instead, e.g. {others[-1]}")
+            raise CheckpointError(f"{gone}, and the run holds no other checkpoint; use another run")
         runs = [run.parent for run in (*path.glob(f"*/{CHECKPOINTS_DIR}"), *path.glob(f"*/*/{CHECKPOINTS_DIR}"))]
         if runs:  # a runs_root (outputs/) or a day of it
             newest = max(runs, key=lambda run: run.stat().st_mtime)
@@ -131,7 +140,9 @@ def resolve_checkpoint(path: str | Path) -> Path:
     raise CheckpointError(f"checkpoint {path} does not exist; pass a .ckpt file, a run folder or a Hugging Face folder")
 
 
-SAVED_BY_TORCH = (b"PK\x03\x04", b"\x80")  # how torch.save's files start: a zip archive, or (older) a pickle
+ZIP_START = b"PK\x03\x04"
+SAVED_BY_TORCH = (ZIP_START, b"\x80")  # how torch.save's files start: a zip archive, or (older) a pickle
+CHECK_CHUNK = 1 << 22  # bytes read at a time when checking an entry's CRC-32
 CHECKPOINT_SUFFIXES = (".ckpt", ".pt", ".pth", ".bin")
 
 
@@ -139,11 +150,12 @@ def safe_torch_load(path: Path, map_location="cpu", mmap: bool = False) -> Any:
     """torch.load that only rebuilds tensors and plain containers; anything else is refused. `mmap`:
     tensors stay on disk until read (for reading a checkpoint's header). A file that neither is named
     as a checkpoint nor starts as torch.save's files do (a text, a config) is said not to be one,
-    rather than damaged."""
+    rather than damaged; one whose bytes fail their checksums (see `check_sums`) is damaged."""
     if path.suffix.lower() not in CHECKPOINT_SUFFIXES and not starts_like_torch_file(path):
         raise CheckpointError(
             f"{path} is not a checkpoint; pass a .ckpt file that train.py wrote, a run folder or a Hugging Face folder"
         )
+    check_sums(path, tensors=not mmap)
     try:
         return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as err:
@@ -160,13 +172,41 @@ def safe_torch_load(path: Path, map_location="cpu", mmap: bool = False) -> Any:
         ) from None
 
 
+def check_sums(path: Path, tensors: bool = True) -> None:
+    """Check the CRC-32 that torch.save's zip archive keeps of each entry, which torch.load does not:
+    a damaged tensor would load as other numbers. `tensors=False` checks only the small entries (the
+    pickle a header is read from), so that a header is read without reading the whole file. An older
+    torch.save file, a pickle, carries no checksums."""
+    if file_start(path) != ZIP_START:
+        return
+    try:
+        with zipfile.ZipFile(path) as archive:
+            for entry in archive.infolist():
+                if not tensors and entry.filename.split("/")[-2:-1] == ["data"]:  # <archive>/data/<storage>
+                    continue
+                with archive.open(entry) as data:
+                    while data.read(CHECK_CHUNK):
+                        pass
+    except zipfile.BadZipFile as err:
+        crc = re.fullmatch(r"Bad CRC-32 for file '(.+)'", first_line(err))
+        detail = f"{crc.group(1)} does not match its checksum" if crc else "its zip archive is cut short or damaged"
+        raise DamagedCheckpoint(path, detail) from None
+    except (OSError, EOFError, ValueError, zlib.error) as err:  # the archive's own records damaged, or unreadable
+        raise DamagedCheckpoint(path, first_line(err)) from None
+
+
 def starts_like_torch_file(path: Path) -> bool:
+    head = file_start(path)
+    return head is None or head.startswith(SAVED_BY_TORCH)  # None: torch.load says what is wrong with it
+
+
+def file_start(path: Path) -> bytes | None:
+    """A file's first 4 bytes; None if it cannot be opened."""
     try:
         with open(path, "rb") as file:
-            head = file.read(4)
+            return file.read(4)
     except OSError:
-        return True  # torch.load says what is wrong with it
-    return head.startswith(SAVED_BY_TORCH)
+        return None
 
 
 def read_checkpoint(path: str | Path, map_location="cpu") -> dict[str, Any]:

@@ -1,9 +1,16 @@
-"""The command-line parser of generate.py, explain.py and export.py: argparse's, with its errors in one
-line (argparse prints its usage block first)."""
+"""The command line of generate.py, explain.py and export.py: argparse's parser with its errors in one
+line (argparse prints its usage block first), the kinds of value their options take, and how a run of
+one ends."""
 
 from __future__ import annotations
 
 import argparse
+import math
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from generation.output import GuardedStdout, OutputError, silence_stdout
 
 
 class Parser(argparse.ArgumentParser):
@@ -13,3 +20,59 @@ class Parser(argparse.ArgumentParser):
             flag = message.split()[1].rstrip(":")
             hint = f"give it a value; one that starts with - is written with =, e.g. {flag}=-x; {hint}"
         self.exit(2, f"error: {message} ({hint})\n")
+
+
+# The kinds of value, each refused in the same words ("argument --top-p: must be a number, got 'abc'").
+
+
+def whole_number(text: str) -> int:
+    """A count as a user may write it: 500, 2_000 or 1e3 (as train.py's settings take it)."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not value.is_integer():
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}")
+    return int(value)
+
+
+def number(text: str) -> float:
+    """Any number float() reads; nan and inf too, which each option's own check then refuses or takes."""
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+
+
+def given_path(text: str) -> Path:
+    """A path, ~ expanded (`--out=~/hf`: the shell leaves that ~ as it is). An empty one (an unset
+    variable, `--ckpt "$RUN"`) is refused, where Path would read it as the current folder."""
+    if not text:
+        raise argparse.ArgumentTypeError("needs a path, got ''")
+    return Path(text).expanduser()
+
+
+def run_program(work: Callable[[], int | None], *refusals: type[Exception]) -> int:
+    """Run a script's work and end as the project's scripts end: an error of the kinds given (bad input,
+    a failing environment) or output that cannot be written in one `error:` line and status 1; a reader
+    that left the pipe (`| head`) quietly with 141, as a shell reports SIGPIPE. Ctrl-C is the caller's."""
+    stdout = sys.stdout
+    sys.stdout = GuardedStdout(stdout)
+    try:
+        code = work() or 0
+        sys.stdout.flush()  # what is still buffered fails here rather than at exit, in Python's own words
+        return code
+    except (OutputError, *refusals) as err:
+        print(f"error: {err}", file=sys.stderr)
+        if isinstance(err, OutputError):
+            silence_stdout()
+        return 1
+    except BrokenPipeError:
+        silence_stdout()
+        return 141
+    finally:
+        sys.stdout = stdout

@@ -7,9 +7,11 @@ import csv
 import functools
 import os
 import re
+import struct
 import subprocess
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 import torch
@@ -307,3 +309,17 @@ def snapshot(folder: Path, itself: bool = True) -> dict[str, tuple]:
         is_link = path.is_symlink()
         seen[str(path)] = ("link", os.readlink(path)) if is_link else (stat.st_mode, stat.st_size, stat.st_mtime_ns)
     return seen
+
+
+def flipped_copy(source: Path, target: Path, entry: str) -> Path:
+    """A copy of a checkpoint (a zip archive) with 64 bytes inverted inside one entry's data: damaged the way
+    a failing disk damages a file, every length and record of the archive as it was."""
+    with zipfile.ZipFile(source) as archive:
+        info = next(i for i in archive.infolist() if i.filename.endswith(entry))
+    data = bytearray(source.read_bytes())
+    name_length, extra_length = struct.unpack("<HH", data[info.header_offset + 26 : info.header_offset + 30])
+    start = info.header_offset + 30 + name_length + extra_length  # past the entry's local header
+    assert info.file_size >= 96
+    data[start + 32 : start + 96] = bytes(b ^ 0xFF for b in data[start + 32 : start + 96])
+    target.write_bytes(data)
+    return target

@@ -3,7 +3,9 @@ no traceback, nothing generated, written or overwritten."""
 
 from __future__ import annotations
 
+import errno
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -17,8 +19,9 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 import explain
 import export
 import generate
+from generation.checkpoint import DamagedCheckpoint, read_header, read_weights
 
-from .common import damaged_copy, one_error_line, run_script, start_script
+from .common import damaged_copy, flipped_copy, one_error_line, run_script, snapshot, start_script
 from .tiny import train_tiny_gpt, write_checkpoint
 
 
@@ -75,11 +78,24 @@ def test_generate_py_refuses_bad_settings(args, message, tiny_run, capsys, tmp_p
 @pytest.mark.parametrize(
     "program, args, message",
     [
-        ("generate.py", ["--max-new-tokens", "abc"], "error: argument --max-new-tokens: "),
         ("generate.py", ["--max_new_tokens", "3"], "error: unrecognized arguments: --max_new_tokens 3 (python "),
         ("generate.py", ["--stop", "-x"], "one that starts with - is written with =, e.g. --stop=-x"),
-        ("explain.py", ["--layer", "1.5"], "error: argument --layer: "),
+        ("explain.py", ["--layer", "1.5"], "error: argument --layer: must be a whole number, got '1.5'"),
         ("export.py", ["--out"], "error: argument --out: expected one argument"),
+        # a value of the wrong kind, in the same words whatever the option's kind
+        (
+            "generate.py",
+            ["--max-new-tokens", "abc"],
+            "error: argument --max-new-tokens: must be a whole number, got 'abc'",
+        ),
+        ("generate.py", ["--temperature", "abc"], "error: argument --temperature: must be a number, got 'abc'"),
+        ("generate.py", ["--top-p", "most"], "error: argument --top-p: must be a number, got 'most'"),
+        ("explain.py", ["--layer", "abc"], "error: argument --layer: must be a whole number, got 'abc'"),
+        ("explain.py", ["--head", "first"], "error: argument --head: must be a whole number, got 'first'"),
+        # an empty path (an unset variable) is not the current folder
+        ("generate.py", ["--attention-png", ""], "error: argument --attention-png: needs a path, got ''"),
+        ("explain.py", ["--ckpt", ""], "error: argument --ckpt: needs a path, got ''"),
+        ("export.py", ["--out", ""], "error: argument --out: needs a path, got ''"),
     ],
 )
 def test_an_option_that_cannot_be_read_is_refused_in_one_line(program, args, message, tiny_run, tmp_path):
@@ -187,6 +203,65 @@ def test_generate_py_missing_checkpoint(tmp_path, capsys, monkeypatch):
     code = generate.main(["--ckpt", str(tmp_path / "empty_run")])
     _, err = capsys.readouterr()
     assert code == 1 and "no checkpoint in" in one_error_line(err)
+
+
+@pytest.mark.parametrize("program", [generate, explain, export])
+def test_no_run_to_read_is_said_alike_by_all_three(program, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no outputs/latest here
+    args = ["--out", "hf"] if program is export else []
+    assert program.main(args) == 1
+    assert one_error_line(capsys.readouterr().err) == (
+        "error: no run found at outputs/latest; train one with `python train.py` or pass --ckpt RUN_FOLDER"
+    )
+    (tmp_path / "outputs").mkdir()
+    (tmp_path / "outputs" / "latest").symlink_to(tmp_path / "outputs" / "a-run-since-removed")
+    assert program.main(args) == 1
+    assert "a-run-since-removed, which no longer exists" in one_error_line(capsys.readouterr().err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["outputs"]
+
+
+def test_a_run_whose_last_checkpoint_link_is_broken_says_so(tiny_run, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    last = run / "checkpoints" / "last.ckpt"
+    kept = last.rename(run / "checkpoints" / "step-000003.ckpt")
+    last.symlink_to("step-000006.ckpt")  # as training links it, to a step file since removed
+    assert generate.main(["--ckpt", str(run), "--prompt", "RO"]) == 1
+    assert one_error_line(capsys.readouterr().err) == (
+        f"error: {last} is a broken link: it points at step-000006.ckpt, which no longer exists; name another "
+        f"checkpoint of the run instead, e.g. {kept}"
+    )
+    kept.unlink()
+    assert explain.main(["--ckpt", str(run)]) == 1
+    assert one_error_line(capsys.readouterr().err).endswith(
+        "which no longer exists, and the run holds no other checkpoint; use another run"
+    )
+
+
+def test_bytes_damaged_inside_a_tensor_are_caught_by_the_checksums(tiny_run, tmp_path, capsys):
+    damaged = flipped_copy(tiny_run / "checkpoints" / "last.ckpt", tmp_path / "damaged.ckpt", "/data/0")
+    assert torch.load(damaged, weights_only=True)["state_dict"]  # torch itself reads it, with other numbers
+    expected = (
+        f"error: cannot read checkpoint {damaged} (last/data/0 does not match its checksum): it is truncated or "
+        "corrupted; use an earlier or a fresh copy"
+    )
+    for program, args in ((generate, ["--prompt", "RO"]), (explain, []), (export, ["--out", str(tmp_path / "hf")])):
+        assert program.main(["--ckpt", str(damaged), *args]) == 1, program.__name__
+        out, err = capsys.readouterr()
+        assert out == "" and one_error_line(err) == expected
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["damaged.ckpt"]
+
+
+def test_a_header_read_checks_the_header_and_leaves_the_tensors_on_disk(tiny_run, tmp_path):
+    saved = torch.load(tiny_run / "checkpoints" / "last.ckpt", weights_only=True)
+    torch.save({**saved, "global_step": 6}, tmp_path / "step.ckpt")  # a training checkpoint's header
+    in_tensor = flipped_copy(tmp_path / "step.ckpt", tmp_path / "tensor.ckpt", "/data/0")
+    assert read_header(in_tensor)["step"] == 6  # tensors are not read, so not checked: cheap
+    with pytest.raises(DamagedCheckpoint, match="data/0 does not match its checksum"):
+        read_weights(in_tensor)
+    in_header = flipped_copy(tmp_path / "step.ckpt", tmp_path / "header.ckpt", "/data.pkl")
+    with pytest.raises(DamagedCheckpoint, match="data.pkl does not match its checksum"):
+        read_header(in_header)
 
 
 def test_a_folder_of_runs_given_as_the_checkpoint_names_the_newest_run(tiny_run, tmp_path, capsys):
@@ -319,15 +394,94 @@ def test_a_hugging_face_folder_with_a_bad_tokenizer_is_refused_in_one_line(how, 
 # ---- the programs as a user runs them: a pipe that closes, Ctrl-C at any moment ---------------------------
 
 
-def test_generate_py_into_a_pipe_that_closes_early_ends_quietly(tiny_run):
+# What each program is given to write something: a long sample, a walk-through as JSON, a folder.
+PROGRAM_ARGS = {
+    "generate.py": ["--prompt", "ROMEO:", "--max-new-tokens", "100000"],
+    "explain.py": ["--prompt", "ROMEO:", "--json"],
+    "export.py": ["--out", "hf"],
+}
+
+
+@pytest.mark.parametrize("program, args", [*PROGRAM_ARGS.items(), ("explain.py", ["--prompt", "ROMEO:"])])
+def test_into_a_pipe_that_closes_early_each_program_ends_quietly(program, args, tiny_run, tmp_path):
+    """As `| head -1` does: read a line, then stop reading (or, as `| true`, read nothing)."""
     proc = start_script(
-        "generate.py", "--ckpt", str(tiny_run), "--prompt", "ROMEO:", "--max-new-tokens", "100000",
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    )  # fmt: skip
-    proc.stdout.readline()  # as `| head -1` does: read a line, then stop reading
+        program, "--ckpt", str(tiny_run), *args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    if program == "generate.py":
+        proc.stdout.readline()
     proc.stdout.close()
     _, err = proc.communicate(timeout=300)
-    assert proc.returncode == 141 and "Traceback" not in err and "Error" not in err
+    assert proc.returncode == 141 and "Traceback" not in err and "Error" not in err, err
+    if program == "export.py":  # the folder was written before its report found no reader
+        assert sorted(p.name for p in (tmp_path / "hf").iterdir()) == sorted(export.FILES)
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full, a device that is always full")
+@pytest.mark.parametrize("program", list(PROGRAM_ARGS))
+def test_output_to_a_full_device_is_one_error_line(program, tiny_run, tmp_path):
+    with open("/dev/full", "w") as full:  # the first write fails: generate.py's 100,000 tokens are never sampled
+        proc = start_script(
+            program, "--ckpt", str(tiny_run), *PROGRAM_ARGS[program], cwd=tmp_path, stdout=full, stderr=subprocess.PIPE
+        )
+        _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 1
+    line = one_error_line(err)
+    assert line.startswith(
+        "error: cannot write the output to stdout (/dev/full): No space left on device; free some space or send "
+        "the output elsewhere"
+    ), line
+    if program == "export.py":  # the folder was written whole before its report could not be
+        assert line.endswith(f"({tmp_path / 'hf'} is written)")
+        assert sorted(p.name for p in (tmp_path / "hf").iterdir()) == sorted(export.FILES)
+
+
+def run_on_a_full_disk(*args: str, cwd: Path, size: int) -> subprocess.CompletedProcess:
+    """A script run as run_script runs it, on a disk that takes no file over `size` bytes, as a full one
+    takes none (RLIMIT_FSIZE; SIGXFSZ ignored, so that a write past it fails with EFBIG, not killing it)."""
+
+    def limit() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
+
+    proc = start_script(*args, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=limit)
+    out, err = proc.communicate(timeout=300)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def test_export_to_a_full_disk_leaves_nothing_and_keeps_an_earlier_export(tiny_run, tmp_path):
+    earlier = tmp_path / "hf"
+    assert export.main(["--ckpt", str(tiny_run), "--out", str(earlier)]) == 0
+    before = snapshot(earlier)
+    assert (earlier / "model.safetensors").stat().st_size > 20_000  # so that writing it fails
+    for out, extra in ((earlier, ["--force"]), (tmp_path / "new" / "hf", [])):
+        proc = run_on_a_full_disk(
+            "export.py", "--ckpt", str(tiny_run), "--out", str(out), *extra, cwd=tmp_path, size=20_000
+        )
+        assert proc.returncode == 1 and proc.stdout == ""
+        assert one_error_line(proc.stderr) == (
+            f"error: cannot write --out {out}: File too large; choose another place; nothing was written"
+        )
+    assert snapshot(earlier) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]  # no unfinished folder, no folder made for it
+
+
+def test_attention_png_on_a_full_disk_keeps_the_earlier_picture(tiny_run, tmp_path, capsys):
+    png = tmp_path / "attention.png"
+    args = ["--ckpt", str(tiny_run), "--prompt", "ROMEO:", "--max-new-tokens", "5", "--attention-png"]
+    assert generate.main([*args, str(png)]) == 0  # also fills matplotlib's font cache, before the disk is full
+    capsys.readouterr()
+    drawn = png.read_bytes()
+    assert len(drawn) > 8_000  # so that writing it again fails
+    for target in (png, tmp_path / "new" / "a.png"):
+        proc = run_on_a_full_disk("generate.py", *args, str(target), cwd=tmp_path, size=8_000)
+        assert proc.returncode == 1 and proc.stdout.startswith("ROMEO:")  # the sample was printed before
+        assert "Traceback" not in proc.stderr
+        assert proc.stderr.strip().splitlines()[-1] == (
+            f"error: cannot write --attention-png {target}: File too large; choose another place (nothing was written)"
+        )
+    assert png.read_bytes() == drawn
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["attention.png"]  # no partial file, no folder made
 
 
 @pytest.mark.slow
@@ -351,7 +505,8 @@ def test_export_stopped_or_killed_while_it_writes_leaves_nothing_behind(tiny_run
         time.sleep(0.01)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=300)
-    assert proc.returncode == 143 and err.strip().splitlines()[-1] == "stopped" and "Traceback" not in err
+    assert proc.returncode == 143 and err.strip().splitlines()[-1] == "stopped; nothing was written"
+    assert "Traceback" not in err
     assert not (tmp_path / "x").exists()
 
     out = tmp_path / "hf"
@@ -363,6 +518,59 @@ def test_export_stopped_or_killed_while_it_writes_leaves_nothing_behind(tiny_run
     mine.mkdir()
     assert export.main(["--ckpt", str(tiny_run), "--out", str(out)]) == 0
     assert not left.exists() and mine.exists() and sorted(p.name for p in out.iterdir()) == sorted(export.FILES)
+
+
+def writer_of(fifo: Path) -> int | None:
+    """A descriptor writing into the named pipe; None while no process has it open to read."""
+    try:
+        return os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError as err:
+        if err.errno == errno.ENXIO:
+            return None
+        raise
+
+
+def until_read(fifo: Path, proc: subprocess.Popen) -> int:
+    """A descriptor writing into the named pipe, once `proc` opens it to read (and waits there)."""
+    deadline = time.monotonic() + 240
+    while (pipe := writer_of(fifo)) is None and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert pipe is not None, proc.communicate()
+    return pipe
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
+def test_a_stop_while_the_folder_is_put_in_place_waits_for_it_and_says_it_is_written(tiny_run, tmp_path, capsys):
+    """SIGTERM while an export replaces an earlier one: the stop waits until the new folder is in place,
+    whichever of the process's threads the signal reaches. The earlier export's README.md is a named pipe,
+    so that reading it, as the last check before the folder is replaced does, waits for this test."""
+    out = tmp_path / "hf"
+    assert export.main(["--ckpt", str(tiny_run), "--out", str(out)]) == 0
+    capsys.readouterr()
+    card = (out / "README.md").read_text()
+    (out / "README.md").unlink()
+    os.mkfifo(out / "README.md")
+    proc = start_script(
+        "export.py", "--ckpt", str(tiny_run), "--out", str(out), "--force",
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    fifo = out / "README.md"
+    pipe = until_read(fifo, proc)  # the check before any work
+    os.write(pipe, card.encode())
+    os.close(pipe)
+    while (probe := writer_of(fifo)) is not None:  # until that read is over
+        os.close(probe)
+        time.sleep(0.01)
+    pipe = until_read(fifo, proc)  # the check again, before the folder is replaced, with stops held
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(1.0)  # time for a handler to run, were the stop not held
+    os.write(pipe, card.encode())
+    os.close(pipe)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 143 and "Traceback" not in err, err
+    assert err.strip().splitlines()[-1] == f"stopped; {out} is written"
+    assert sorted(p.name for p in out.iterdir()) == sorted(export.FILES) and (out / "README.md").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]  # the replaced folder is gone, no staging left
 
 
 @pytest.mark.parametrize("program", ["generate.py", "explain.py", "export.py"])
@@ -386,4 +594,6 @@ def test_ctrl_c_at_any_moment_gives_no_traceback(program, tiny_run, tmp_path):
         assert "Traceback" not in err, (delay, err)
         if proc.returncode != 0:
             assert not (tmp_path / "x").exists()  # an export stopped leaves no folder
+        if program == "export.py" and proc.returncode == 130:
+            assert err.strip().splitlines()[-1] == "stopped; nothing was written"
         shutil.rmtree(tmp_path / "x", ignore_errors=True)

@@ -1,0 +1,95 @@
+"""Where generate.py, explain.py and export.py write: stdout and files. A write the system refuses (a full
+disk, a quota, a device error) is said in one line naming the place, and leaves nothing half made."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import re
+import sys
+from pathlib import Path
+
+
+class OutputError(Exception):
+    """Output that could not be written; the message names where, the system's reason and what to do."""
+
+
+def reason(err: BaseException) -> str:
+    """The system's reason for a failed write: OSError's, or the one safetensors quotes ("... (os error 28)")."""
+    if isinstance(err, OSError) and err.strerror:
+        return err.strerror
+    code = re.search(r"os error (\d+)", str(err))
+    return os.strerror(int(code.group(1))) if code else (str(err).strip().splitlines() or [type(err).__name__])[0]
+
+
+def cannot_write(what: str | Path, err: BaseException, instead: str = "choose another place") -> str:
+    """One line for a write the system refused: what, why, and what to do."""
+    full = isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT)
+    full = full or f"os error {errno.ENOSPC})" in str(err)  # safetensors' ENOSPC
+    return f"cannot write {what}: {reason(err)}; {'free some space or ' if full else ''}{instead}"
+
+
+@contextlib.contextmanager
+def making_folders(folder: Path):
+    """For a block that makes `folder` (with its parents) and writes there: should it fail, the folders it
+    made are removed again, innermost first and only while empty, so that a failed write leaves none."""
+    made = [p for p in (folder, *folder.parents) if not p.exists()]
+    try:
+        yield
+    except BaseException:
+        for made_folder in made:
+            try:
+                made_folder.rmdir()
+            except OSError:
+                break
+        raise
+
+
+class GuardedStdout:
+    """sys.stdout, whose failed writes (other than a reader that left the pipe) come as OutputError, so
+    that they can be told from a failed write of a file."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        with self.failures_said():
+            return self.stream.write(text)
+
+    def flush(self) -> None:
+        with self.failures_said():
+            self.stream.flush()
+
+    @contextlib.contextmanager
+    def failures_said(self):
+        try:
+            yield
+        except BrokenPipeError:  # not a failure: the reader has all it wants
+            raise
+        except OSError as err:
+            raise OutputError(
+                cannot_write(f"the output to {stdout_name(self.stream)}", err, "send the output elsewhere")
+            ) from None
+
+    def __getattr__(self, name: str):
+        return getattr(self.stream, name)
+
+
+def stdout_name(stream) -> str:
+    """The name of stdout in a message, with the file it goes to when it is one (`> /dev/full`)."""
+    try:
+        target = os.readlink(f"/proc/self/fd/{stream.fileno()}")
+    except (OSError, ValueError):  # not Linux, or a stream without a descriptor
+        return "stdout"
+    return f"stdout ({target})" if target.startswith("/") else "stdout"
+
+
+def silence_stdout() -> None:
+    """Point stdout at the null device, so that what is still buffered has somewhere to go at exit
+    (Python would print the failed flush there, and exit with status 120)."""
+    stream = sys.stdout.stream if isinstance(sys.stdout, GuardedStdout) else sys.stdout
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
+    except (OSError, ValueError):  # a stream without a descriptor (a test's capture) flushes nowhere at exit
+        pass
