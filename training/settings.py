@@ -24,7 +24,7 @@ from data import DataError
 from data.cache import TokenCache, discard
 from data.prepare import check_sizes, corpus_key, prepare_corpus, unknown_tokens
 from data.tokenizer import eot_id
-from generation.checkpoint import CheckpointError, DamagedCheckpoint, read_header
+from generation.checkpoint import CheckpointError, DamagedCheckpoint, check_sums, read_header
 from generation.session import PromptError, encode_prompt
 from model import ConfigError, GPTConfig
 
@@ -456,6 +456,7 @@ def continue_settings(checkpoint: Path, requested: dict[str, Any], named: Iterab
 def read_run_header(checkpoint: Path) -> dict[str, Any]:
     """A checkpoint's step, settings and tokenizer, for continuing its run."""
     try:
+        check_sums(checkpoint)  # its tensors too: Lightning's loader, which reads them next, checks nothing
         header = read_header(checkpoint)
     except DamagedCheckpoint as err:
         raise CheckpointError(
