@@ -188,7 +188,10 @@ def read_tokenizer_json(file: Path) -> Tokenizer:
     try:
         return Tokenizer.from_file(str(file))
     except Exception as err:  # the library says only "expected value at line 1 column 1" and the like
-        raise DataError(f"tokenizer.path {file} is not a tokenizer.json that `tokenizers` can read ({err})") from None
+        raise DataError(
+            f"tokenizer.path {file} is not a tokenizer.json that `tokenizers` can read ({err}); give a tokenizer.json "
+            "that a tokenizers Tokenizer saved (tokenizer.save), or a Hugging Face tokenizer folder"
+        ) from None
 
 
 def pretrained_files(path: str | os.PathLike | None) -> list[str]:

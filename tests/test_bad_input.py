@@ -390,6 +390,21 @@ def test_run_folder_that_cannot_be_written(tmp_path):
     )
 
 
+def test_a_token_cache_that_cannot_be_written_is_named_as_it_was_given(tmp_path, monkeypatch):
+    """The cache folder comes from TINYGPT2_CACHE unless data.cache_dir is given: the line names the one
+    the user set."""
+    blocker = tmp_path / "notes.txt"
+    blocker.write_text("a file")
+    monkeypatch.setenv("TINYGPT2_CACHE", str(blocker))
+    assert refused_command_line() == (
+        f"TINYGPT2_CACHE={blocker} (data.cache_dir): {blocker} is a file, not a folder; choose a folder you can "
+        "write to"
+    )
+    assert refused_command_line(f"data.cache_dir={blocker}/cache") == (
+        f"data.cache_dir={blocker}/cache: {blocker} is a file, not a folder; choose a folder you can write to"
+    )
+
+
 def test_the_latest_link_never_takes_the_place_of_a_users_file_or_folder(tmp_path):
     notes, folder = tmp_path / "notes.txt", tmp_path / "mine"
     notes.write_text("important")

@@ -274,6 +274,17 @@ def test_mixed_formats_in_a_folder(tmp_path):
     assert dm.prepare().meta["train_chars"] == 450
 
 
+def test_a_pretrained_tokenizer_file_that_cannot_be_read_says_what_to_give(tmp_path, small_text):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"bad": 1')
+    cfg = OmegaConf.create({"kind": "pretrained", "path": str(bad)})
+    message = refused_preparation(tmp_path, tokenizer=cfg, path=str(small_text))
+    assert message.startswith(f"tokenizer.path {bad} is not a tokenizer.json that `tokenizers` can read (")
+    assert message.endswith(
+        "); give a tokenizer.json that a tokenizers Tokenizer saved (tokenizer.save), or a Hugging Face tokenizer folder"
+    )
+
+
 def test_pretrained_gpt2_files_that_cannot_be_read(tmp_path, small_text):
     folder = tmp_path / "gpt2"
     folder.mkdir()

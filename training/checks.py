@@ -224,16 +224,19 @@ class Devices:
 
 def check_writable(key: str, folder: str) -> None:
     """A folder that can be made and written (it need not exist yet)."""
+    named = f"{key}={folder}"
+    if key == "data.cache_dir" and folder == os.environ.get("TINYGPT2_CACHE"):  # what configs/data/*.yaml say
+        named = f"TINYGPT2_CACHE={folder} (data.cache_dir)"
     existing = Path(folder).expanduser().absolute()
     while not existing.exists():
         existing = existing.parent
     if not existing.is_dir():
-        raise SettingError(f"{key}={folder}: {existing} is a file, not a folder; choose a folder you can write to")
+        raise SettingError(f"{named}: {existing} is a file, not a folder; choose a folder you can write to")
     try:
         tempfile.TemporaryDirectory(dir=existing).cleanup()
     except OSError as err:
         raise SettingError(
-            f"{key}={folder}: cannot write in {existing} ({err.strerror}); choose a folder you can write to"
+            f"{named}: cannot write in {existing} ({err.strerror}); choose a folder you can write to"
         ) from None
 
 
