@@ -11,8 +11,10 @@ tokenizer settings:
 
 An entry is built in tokens/<key>.partial/ and renamed into place when complete, so a folder with the
 entry's name is always whole. A preparation that stops part way leaves the .partial folder, with its
-finished shards, for the next run to go on from. One process at a time builds an entry (a file lock);
-others wait for it and then read.
+finished shards, for the next run to go on from. One process at a time builds an entry (a file lock in
+tokens/.locks, removed by its holder as the last thing it does, so none is left lying about); others
+wait for it and then read. A preparation refused for its input leaves nothing in the cache, not even
+the folders it made to hold the entry.
 
 An entry is checked whenever it is opened, cheaply (no token file is read): the token files' sizes
 against the counts and dtype in meta.json, and tokenizer.json against the hash recorded when it was
@@ -30,7 +32,7 @@ import logging
 import os
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +75,7 @@ class TokenCache:
     meta: dict[str, Any]
     made_now: bool = False  # built by this process, rather than found
     fallback: str | None = None  # why this text stands in for the one asked for (data.sources.Source.fallback)
+    made_folders: list[Path] = field(default_factory=list)  # the cache's folders made to hold it, if made_now
 
     @property
     def key(self) -> str:
@@ -171,13 +174,9 @@ def build_cache(root: str | os.PathLike, key: str, build: Callable[[Path], dict[
     """
     tokens = Path(root).expanduser() / "tokens"
     entry, staging = tokens / key, tokens / f"{key}.partial"
-    (tokens / ".locks").mkdir(parents=True, exist_ok=True)
-    lock = FileLock(str(tokens / ".locks" / f"{key}.lock"))
-    try:
-        lock.acquire(timeout=0)
-    except Timeout:
-        log.info("another process is preparing these tokens; waiting for it (%s)", staging)
-        lock.acquire()
+    made = missing_folders(tokens / ".locks")
+    lock = entry_lock(tokens, key)
+    hold(lock, f"another process is preparing these tokens; waiting for it ({staging})")
     try:
         try:
             if (done := open_cache(entry)) is not None:
@@ -202,13 +201,62 @@ def build_cache(root: str | os.PathLike, key: str, build: Callable[[Path], dict[
                 shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
         staging.rename(entry)
     finally:
-        lock.release()
+        let_go(lock)
+        if not staging.exists() and not entry.exists():  # refused: the folders made for it go too
+            remove_if_empty(made)
     try:
-        made = open_cache(entry)
+        built = open_cache(entry)
     except DamagedEntry as err:  # just written and already wrong: the disk or something else is at fault
         raise DataError(f"{err}, right after it was written; check the disk, then run again") from None
-    made.made_now = True
-    return made
+    built.made_now = True
+    built.made_folders = made
+    return built
+
+
+def entry_lock(tokens: Path, key: str) -> FileLock:
+    return FileLock(str(tokens / ".locks" / f"{key}.lock"))  # its folder is made when it is acquired
+
+
+def hold(lock: FileLock, waiting: str) -> None:
+    """Acquire the lock, saying `waiting` once if another process holds it. A refused preparation
+    removes the folder of locks it made; one that is waiting then makes it again."""
+    timeout = 0
+    while True:
+        try:
+            lock.acquire(timeout=timeout)
+            return
+        except Timeout:
+            log.info(waiting)
+            timeout = -1
+        except FileNotFoundError:
+            continue
+
+
+def let_go(lock: FileLock) -> None:
+    """Release the lock, removing its file first. Safe as the holder's last act: a process that opened
+    the file before it went and locks it after finds it unlinked and tries again (filelock >= 3.21),
+    on a new file of the same name."""
+    Path(lock.lock_file).unlink(missing_ok=True)
+    lock.release()
+
+
+def missing_folders(folder: Path) -> list[Path]:
+    """folder and those of its parents that do not exist yet, outermost first."""
+    missing = []
+    while not folder.exists() and folder != folder.parent:
+        missing.insert(0, folder)
+        folder = folder.parent
+    return missing
+
+
+def remove_if_empty(folders: list[Path]) -> None:
+    """Remove these folders, innermost first, while they are empty (another process may have put
+    something in one meanwhile: it stays, and so do those around it)."""
+    for folder in reversed(folders):
+        try:
+            folder.rmdir()
+        except OSError:
+            return
 
 
 def disk_full(staging: Path, err: OSError) -> DataError:
@@ -234,5 +282,10 @@ def disk_full(staging: Path, err: OSError) -> DataError:
 def discard(cache: TokenCache) -> None:
     """Remove an entry this process made for a run that was then refused (under the entry's lock)."""
     tokens = cache.folder.parent
-    with FileLock(str(tokens / ".locks" / f"{cache.key}.lock")):
+    lock = entry_lock(tokens, cache.key)
+    hold(lock, f"another process is preparing these tokens; waiting for it ({cache.folder})")
+    try:
         shutil.rmtree(cache.folder, ignore_errors=True)
+    finally:
+        let_go(lock)
+    remove_if_empty(cache.made_folders)

@@ -181,6 +181,7 @@ def test_only_one_process_prepares_the_others_wait_and_read(tmp_path, documents)
     assert sum(built for _, built, _, _ in outcomes) == 1  # one tokenized, two found its result
     assert len({(folder, total) for _, _, folder, total in outcomes}) == 1
     assert entries(tmp_path) == [outcomes[0][2]]
+    assert os.listdir(tmp_path / "tokens" / ".locks") == []  # each lock's file went with its last holder
     meta = json.loads((tmp_path / "tokens" / outcomes[0][2] / "meta.json").read_text())
     assert meta["train_tokens"] > 0
 

@@ -17,18 +17,19 @@ from .common import TINY_OVERRIDES, bpe_config, data_config, hub_folder, one_err
 
 def refused_preparation(tmp_path, tokenizer=None, block_size=32, tokenized=False, **data) -> str:
     """Prepare with these settings; return the DataError's message, after checking it is one line and
-    that the cache holds nothing half-made (nor anything at all, unless the error came after tokenizing)."""
+    that the cache holds nothing half-made (nor anything at all, not even a lock file or the cache folder
+    itself, unless the error came after tokenizing)."""
     dm = TextDataModule(data_config(tmp_path / "cache", **data), tokenizer or bpe_config(), block_size, 0, 1)
     with pytest.raises(DataError) as caught:
         dm.prepare()
     message = str(caught.value)
     assert "\n" not in message
     tokens = tmp_path / "cache" / "tokens"
-    left = [p for p in tokens.iterdir() if p.name != ".locks"] if tokens.exists() else []
-    if tokenized:  # a whole entry, usable with a smaller block_size; nothing else
-        assert len(left) == 1 and (left[0] / "meta.json").is_file()
+    if tokenized:  # a whole entry, usable with a smaller block_size; nothing else (no lock file left in .locks)
+        left = [p for p in tokens.iterdir() if p.name != ".locks"]
+        assert len(left) == 1 and (left[0] / "meta.json").is_file() and os.listdir(tokens / ".locks") == []
     else:
-        assert left == []
+        assert not (tmp_path / "cache").exists()
     return message
 
 
