@@ -935,6 +935,12 @@ def quoted(text: str) -> str:
     return shlex.quote(text) if re.search(r'["$`\\!\n]', text) else f'"{text}"'
 
 
+def prompt_option(prompt: str) -> str:
+    """--prompt and its value as a shell types them; joined by = where the value starts with -, which
+    argparse would otherwise read as an option of its own."""
+    return f"--prompt={quoted(prompt)}" if prompt.startswith("-") else f"--prompt {quoted(prompt)}"
+
+
 def stopped_by_ctrl_c(run_dir: Path | None = None, resume_record: Path | None = None) -> NoReturn:
     """Ctrl-C outside the training loop's own graceful stop (start-up, data preparation, a second Ctrl-C):
     what this process made is taken back, unless the run has a checkpoint to continue from; one line
@@ -1145,7 +1151,7 @@ def run_job(cfg: DictConfig) -> float | None:
             "set data.path=/path/to/input.txt to train on it",
             result.fallback,
         )
-    prompt = f" --prompt {quoted(result.prompt)}" if result.prompt else ""
+    prompt = f" {prompt_option(result.prompt)}" if result.prompt else ""
     log.info("sample from it: python %s --ckpt %s%s", script("generate.py"), shlex.quote(str(result.run_dir)), prompt)
     return result.metrics.get("val/bpc")
 

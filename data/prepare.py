@@ -25,7 +25,7 @@ from .errors import DataError
 from .files import count, file_stats
 from .shards import PIECE_CHARS, SHARD_CHARS, encode_corpus, join_shards, read_records
 from .sources import Source, describe
-from .tokenizer import build_tokenizer, pretrained_files, splits_safely
+from .tokenizer import build_tokenizer, load_pretrained, pretrained_files, splits_safely
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,10 @@ def tokenizer_identity(cfg, given: Tokenizer | None) -> dict[str, Any]:
         return {"given": given.to_str()}
     settings = OmegaConf.to_container(cfg, resolve=True) if OmegaConf.is_config(cfg) else dict(cfg)
     if settings.get("kind") == "pretrained":
-        settings["files"] = file_stats(pretrained_files(settings.get("path")))
+        files = pretrained_files(settings.get("path"))
+        if not files:  # nothing there to read: the loader's error says what is wrong with the path
+            load_pretrained(settings.get("path"))
+        settings["files"] = file_stats(files)
     return settings
 
 
@@ -151,9 +154,11 @@ def prepare_corpus(
 
 
 def corpus_key(data_cfg, tokenizer_cfg, given: Tokenizer | None = None) -> tuple[Source, str]:
-    """The text's source and the key of its token cache entry, found without reading the text."""
+    """The text's source and the key of its token cache entry, found without reading the text. The
+    tokenizer first: a tokenizer.path that names nothing is said before a Hub dataset is looked up."""
+    tokenizer = tokenizer_identity(tokenizer_cfg, given)
     source = describe(data_cfg)
-    return source, fingerprint(source.identity, tokenizer_identity(tokenizer_cfg, given))
+    return source, fingerprint(source.identity, tokenizer)
 
 
 class ProgressReport:

@@ -577,3 +577,20 @@ def test_a_sample_prompt_the_tokenizer_cannot_take_is_refused_before_training(sm
     )
     assert not (tmp_path / "outputs").exists()
     assert not (tmp_path / "cache").exists()  # the token cache entry made for it went too, and the folders made for it
+
+
+@pytest.mark.slow
+def test_a_pretrained_tokenizer_path_that_names_nothing_is_said_before_the_data_is_looked_up(tmp_path):
+    """With a Hub dataset, a tokenizer.path that does not exist is the error, not whatever looking the
+    dataset up (offline here) says, and nothing is tokenized first."""
+    env = {**os.environ, "TINYGPT2_CACHE": str(tmp_path / "cache")}
+    tiny = [a for a in TINY_OVERRIDES if not a.startswith("tokenizer.")]
+    args = ["data=hub", "data.name=roneneldan/TinyStories", "tokenizer=pretrained", "tokenizer.path=gpt2-files/"]
+    proc = run_script("train.py", *tiny, *args, cwd=tmp_path, env=env)
+    assert proc.returncode == 1
+    assert one_error_line(proc.stderr) == (
+        f"error: tokenizer.path {tmp_path / 'gpt2-files'} does not exist; give a tokenizer.json or a Hugging Face "
+        "tokenizer folder"
+    )
+    assert "tokenizing" not in proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

@@ -117,6 +117,24 @@ def stopped_run(small_text: Path, cwd: Path, failpoint: str = "kill:7", *extra: 
 # ---- resume exactly as printed ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("prompt", ["-ROMEO:", 'it\'s "$HOME"!'])
+def test_the_printed_sample_command_works_for_a_prompt_a_shell_or_argparse_would_misread(prompt, small_text, tmp_path):
+    """The line train.py ends with samples from its first sample prompt: one that starts with - (an
+    option to argparse) or holds quotes and $ (the shell's) is written so that pasting it gives
+    generate.py that prompt."""
+    proc = run_script("train.py", *run_args(small_text, f"samples.prompts=[{prompt!r}]"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    [sample] = [
+        line.split("sample from it: ", 1)[1]
+        for line in (proc.stdout + proc.stderr).splitlines()
+        if "sample from it: " in line
+    ]
+    sampled = run_printed(sample + " --max-new-tokens 4 --seed 1", tmp_path)
+    assert sampled.returncode == 0, sampled.stderr[-2000:]
+    assert sampled.stdout.startswith(prompt)
+
+
 def test_the_printed_resume_command_continues_the_run_bit_for_bit(small_text, tmp_path):
     steps = 400  # long enough to be interrupted early on any machine
     args = run_args(
