@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import math
 
 import pytest
@@ -184,3 +185,36 @@ def test_validation_every_n_steps_counts_optimizer_steps_under_gradient_accumula
     overrides = [*TINY_OVERRIDES, f"data.path={small_text}", "tokens_per_step=512", "trainer.val_check_interval=3"]
     train(compose_config(*overrides), tmp_path / "run")
     assert list(validations(tmp_path / "run")) == [2, 5]  # after steps 3 and 6, as Lightning numbers them
+
+
+EXPERIMENTS = {  # each README recipe, cut short: what is added to it, and the shape it must train
+    "shakespeare_75s": (["trainer.max_time=00:00:00:03"], (2, 4, 128, 32)),
+    "shakespeare_char_cpu": (["trainer.max_steps=3", "trainer.limit_val_batches=2"], (4, 4, 128, 64)),
+    "shakespeare_baby": (["trainer.max_steps=2", "trainer.limit_val_batches=1", "data.batch_size=4"], (6, 6, 384, 256)),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(EXPERIMENTS))
+def test_each_experiment_of_the_readme_trains_as_written(name, full_text, tmp_path):
+    """`python train.py experiment=NAME` with only its length cut (and no warm-up, for so few steps),
+    on the whole text as a user's run reads it: the recipe composes, trains its own shape, validates
+    and writes its run folder."""
+    cut, shape = EXPERIMENTS[name]
+    proc = run_script(
+        "train.py",
+        f"experiment={name}",
+        f"data.path={full_text}",
+        *cut,
+        "optim.warmup_steps=0",
+        "logger=csv",
+        "trainer.enable_progress_bar=false",
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (result_file,) = tmp_path.glob("outputs/*/*/result.json")
+    result = json.loads(result_file.read_text())
+    model = result["config"]["model"]
+    assert (model["n_layer"], model["n_head"], model["n_embd"], model["block_size"]) == shape
+    assert result["finished"] and math.isfinite(result["metrics"]["val/bpc"])
+    assert (result_file.parent / "checkpoints" / "last.ckpt").is_file()
