@@ -526,6 +526,7 @@ COVERED_ELSEWHERE = {
     "a run that another process is training": "test_run_lifecycle.py::test_a_second_process_on_a_running_run_is_refused",
     "a setting beside a sweep being continued (`-m resume=SWEEP optim.lr=1`)": "test_run_lifecycle.py::test_a_killed_sweep_continues_in_its_folder_each_job_from_where_it_stood",
     "a time-limited run that reached its limit (`resume=RUN`)": "test_run_lifecycle.py::test_a_run_that_ended_at_its_time_limit_is_finished_until_given_a_longer_one",
+    "a micro-batch the CPU machine's memory cannot hold (`data.batch_size=20000`)": "test_memory_estimate.py::test_train_py_refuses_a_batch_this_machine_cannot_hold_in_one_line_and_makes_nothing",
 }
 
 TESTED_HERE = {

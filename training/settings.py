@@ -43,6 +43,7 @@ from .checks import (
     time_budget_seconds,
 )
 from .init_from import Start, kept_tokenizer, model_keys_in, start_from
+from .memory import check_fits, process_count_here, this_machine_free
 from .run_folder import SETTINGS_MARK as PREPARED
 from .run_folder import RunFolder, process_rank, step_of
 
@@ -190,14 +191,18 @@ def on_cuda(accelerator: str, machine: Machine) -> bool:
     return accelerator in ("auto", "gpu", "cuda") and machine.cuda
 
 
+def on_cpu(accelerator: str, machine: Machine) -> bool:
+    """Whether trainer.accelerator puts the run on the CPU (auto does, where there is no GPU)."""
+    return accelerator == "cpu" or (
+        accelerator == "auto" and not machine.cuda and not torch.backends.mps.is_available()
+    )
+
+
 def choose_precision(requested: str | int | None, accelerator: str = "auto", machine: Machine | None = None) -> str:
     """bf16 mixed precision on GPUs that support it, full 32-bit elsewhere; an explicit choice wins,
     but not float16 on a CPU, where Lightning would train in bf16 while the run recorded float16."""
     machine = machine or Machine.this()
-    on_cpu = accelerator == "cpu" or (
-        accelerator == "auto" and not machine.cuda and not torch.backends.mps.is_available()
-    )
-    if requested and str(requested) in ("16-mixed", "16", "16-true") and on_cpu:
+    if requested and str(requested) in ("16-mixed", "16", "16-true") and on_cpu(accelerator, machine):
         raise SettingError(
             f"trainer.precision={requested} needs a CUDA GPU (float16 has no CPU support); "
             "use trainer.precision=bf16-mixed on a CPU, or leave it out for 32-bit"
@@ -331,6 +336,7 @@ def resolve(requested: dict[str, Any], named: Iterable[str] = ()) -> tuple[RunSe
         values["model"] = model.to_dict()
         check_sizes(tokens, model.block_size)
         values["tokens_per_step"], accumulation = global_batch(values, world_size)
+        check_memory(values, model, world_size)
         size_to_fallback(values, tokens, named)
         check_sample_prompts(values, tokens.tokenizer_json)
     except (SettingError, ConfigError, DataError):
@@ -491,6 +497,25 @@ def check_sample_prompts(values: dict[str, Any], tokenizer_json: str) -> None:
         except PromptError as err:
             key = "samples.prompts" if values["samples"]["prompts"] else "data.sample_prompts"
             raise SettingError(f"{key}: {prompt!r} cannot be a sample prompt: {err}") from None
+
+
+def check_memory(values: dict[str, Any], model: GPTConfig, world_size: int) -> None:
+    """A CPU run whose training step cannot fit in the memory this machine has free is refused (on a
+    GPU, the device's own memory decides, and its error says so when it runs out)."""
+    trainer = values["trainer"]
+    if not on_cpu(str(trainer.get("accelerator", "auto")), Machine.this()):
+        return
+    nodes = trainer.get("num_nodes") or 1
+    problem = check_fits(
+        model,
+        values["data"]["batch_size"],
+        trainer["precision"],
+        values["optim"].get("name", "adamw"),
+        process_count_here(world_size, nodes if isinstance(nodes, int) else 1),
+        this_machine_free(),
+    )
+    if problem:
+        raise SettingError(problem)
 
 
 def final_model(model: dict[str, Any], tokenizer_vocab: int) -> GPTConfig:

@@ -1,0 +1,111 @@
+"""The memory a training step needs, told before a CPU run starts: the estimate must stay below what a
+real step takes (a run refused for it could not have trained), and not far below (or it refuses nothing)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from model import GPT, GPTConfig
+from training.memory import check_fits, free_memory, parameter_count, step_memory
+
+from .common import ROOT, TINY_OVERRIDES, one_error_line, run_script
+
+MEASURE = """
+import json, resource, sys, torch
+from model import GPT, GPTConfig
+config = GPTConfig(**json.loads(sys.argv[1]))
+torch.manual_seed(0)
+model = GPT(config)
+optimizer = torch.optim.AdamW(model.parameters(), fused=True)
+peaks = []
+for batch in json.loads(sys.argv[2]):
+    x = torch.randint(0, config.vocab_size, (batch, config.block_size))
+    for _ in range(2):
+        model(x, x)[1].backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    peaks.append(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+print(json.dumps(peaks))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "shape",
+    [
+        dict(n_layer=4, n_head=4, n_embd=128, block_size=32, vocab_size=1024),  # the default run's model
+        dict(n_layer=2, n_head=4, n_embd=128, block_size=128, vocab_size=65, attention="explicit"),
+    ],
+)
+def test_the_estimate_of_the_activations_is_below_a_real_steps_and_close_to_it(shape):
+    """What a batch 4 times larger adds to a real step's peak (on this machine's torch) against what
+    the estimate says it adds: at least that, and less than twice as much."""
+    small, large = 64, 256
+    proc = subprocess.run(
+        [sys.executable, "-c", MEASURE, json.dumps(shape), json.dumps([small, large])],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    before, after = json.loads(proc.stdout)
+    config = GPTConfig(**shape)
+    estimated = step_memory(config, large).activations - step_memory(config, small).activations
+    assert estimated <= after - before < 2 * estimated
+
+
+def test_the_parameter_count_is_the_models():
+    for shape in (dict(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=300), dict()):
+        config = GPTConfig(**shape)
+        assert parameter_count(config) == GPT(config).num_parameters()
+
+
+def test_free_memory_is_what_the_kernel_says_or_a_cgroup_limit_below_it(tmp_path):
+    meminfo = "MemTotal:       24000000 kB\nMemAvailable:   10000000 kB\nSwapFree:        2000000 kB\n"
+    assert free_memory(meminfo, cgroup=tmp_path / "none") == 12000000 * 1024
+    (tmp_path / "memory.max").write_text("4294967296\n")
+    (tmp_path / "memory.current").write_text("1073741824\n")
+    assert free_memory(meminfo, cgroup=tmp_path) == 3 * 2**30
+    (tmp_path / "memory.max").write_text("max\n")  # no limit
+    assert free_memory(meminfo, cgroup=tmp_path) == 12000000 * 1024
+    assert free_memory("MemTotal: 1 kB\n", cgroup=tmp_path) is None  # a kernel too old to say
+
+
+def test_what_does_not_fit_is_said_with_its_parts_and_the_way_out():
+    config = GPTConfig(n_layer=4, n_head=4, n_embd=128, block_size=32, vocab_size=1024)
+    assert check_fits(config, 32, "32-true", "adamw", 1, 2**30) is None
+    assert check_fits(config, 32, "32-true", "adamw", 1, None) is None  # cannot be told: not refused
+    message = check_fits(config, 100_000, "32-true", "adamw", 2, 8 * 2**30)
+    assert message.startswith("a training step of this model at data.batch_size=100000 needs at least ")
+    assert "each (" in message and "for 2 processes; use a smaller data.batch_size" in message
+    # bf16 halves the activations: a batch that does not fit in 32 bits may in 16
+    fits16 = step_memory(config, 20_000, "bf16-mixed").total
+    assert check_fits(config, 20_000, "bf16-mixed", "adamw", 1, fits16) is None
+    assert check_fits(config, 20_000, "32-true", "adamw", 1, fits16) is not None
+    big = GPTConfig(n_layer=48, n_head=25, n_embd=1600, block_size=1024, vocab_size=50257)
+    assert check_fits(big, 1, "32-true", "adamw", 1, 8 * 2**30).endswith("; choose a smaller model")
+
+
+@pytest.mark.slow
+def test_train_py_refuses_a_batch_this_machine_cannot_hold_in_one_line_and_makes_nothing(small_text, tmp_path):
+    """Rather than being killed part way into its first step with no word of why, and leaving a run
+    folder: a micro-batch far beyond the machine's memory is refused before the run is made."""
+    free = free_memory()
+    if free is None:
+        pytest.skip("this system does not say how much memory is free")
+    env = {**os.environ, "TINYGPT2_CACHE": str(tmp_path / "cache")}
+    batch = 4 * free // (4 * 32 * (2 * 14 * 32 + 3 * 300)) + 1  # four times what fits, in the tiny model
+    proc = run_script(
+        "train.py", *TINY_OVERRIDES, f"data.path={small_text}", f"data.batch_size={batch}", cwd=tmp_path, env=env
+    )
+    assert proc.returncode == 1
+    line = one_error_line(proc.stderr)
+    assert line.startswith(f"error: a training step of this model at data.batch_size={batch} needs at least ")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # no run folder, no cache entry
