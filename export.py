@@ -103,6 +103,14 @@ def push_to_hub(out: Path, repo: str) -> str:
     return str(url)
 
 
+WORK_ENTRY = re.compile(r"\.export\.(partial|replaced)-(\d+)")  # an export's own, inside an existing --out
+
+
+def entries(out: Path) -> list[Path]:
+    """What --out holds, less the unfinished work of exports into it."""
+    return sorted(p for p in out.iterdir() if not WORK_ENTRY.fullmatch(p.name))
+
+
 def check_destination(out: Path, ckpt: Path, force: bool) -> None:
     """Refuse, before any work, destinations that would lose something or cannot be written."""
     if out.exists() and not out.is_dir():
@@ -112,7 +120,7 @@ def check_destination(out: Path, ckpt: Path, force: bool) -> None:
         raise ExportError(f"--out {out}: {blocker} is a file, not a folder; cannot write there")
     if ckpt.exists() and (out.resolve() == ckpt.resolve() or out.resolve() in ckpt.resolve().parents):
         raise ExportError(f"--out {out} holds the checkpoint being exported; choose another folder")
-    if out.is_dir() and any(out.iterdir()):
+    if out.is_dir() and entries(out):
         if not force:
             try:
                 check_replaceable(out)
@@ -152,7 +160,7 @@ def is_model_card(file: Path) -> bool:
 def check_replaceable(out: Path) -> None:
     """--force replaces a folder only when all it holds is a Hugging Face model's files; anything else
     (the user's own files, a config.json that describes no model) would be lost, so it is refused."""
-    for entry in sorted(out.iterdir()):
+    for entry in entries(out):
         if entry.name == "README.md" and is_model_card(entry):
             continue
         if entry.is_dir() or not (entry.name in MODEL_FILES or MODEL_SHARD.fullmatch(entry.name)):
@@ -314,11 +322,23 @@ def compare_logits(folder: Path, model: GPT, tokenizer: Tokenizer) -> tuple[floa
 
 def remove_left_behind(out: Path) -> None:
     """Remove the unfinished folders that exports to `out` killed outright (SIGKILL, a power cut) left
-    beside it: those of processes no longer running (and any of this process id, from an earlier one)."""
-    for staging in out.parent.glob(f".{glob.escape(out.name)}.partial-*"):
+    beside it or in it: those of processes no longer running (and any of this process id, from an
+    earlier one)."""
+    beside = list(out.parent.glob(f".{glob.escape(out.name)}.partial-*"))
+    inside = [p for p in out.iterdir() if WORK_ENTRY.fullmatch(p.name)] if out.is_dir() else []
+    for staging in beside + inside:
         pid = staging.name.rsplit("-", 1)[1]
         if pid.isdigit() and (int(pid) == os.getpid() or not process_exists(int(pid))):
             shutil.rmtree(staging, ignore_errors=True)
+
+
+def staging_for(out: Path) -> Path:
+    """Where the folder is written before it is put in place: on the same file system as its place, so
+    that putting it there is a rename. In --out itself when that exists (a mount point, the shell's
+    working folder: neither can be renamed or replaced), else beside it."""
+    if out.is_dir():
+        return out / f".export.partial-{os.getpid()}"
+    return out.with_name(f".{out.name}.partial-{os.getpid()}")
 
 
 def process_exists(pid: int) -> bool:
@@ -373,30 +393,31 @@ def taking_turns_in(parent: Path):
 
 
 def install(staging: Path, out: Path) -> None:
-    """Put the finished folder at out. An empty folder is filled where it is (it may be the shell's working
-    folder); a model folder that --force replaces is moved aside first and removed only after."""
-    if out.is_dir() and not any(out.iterdir()):
-        moved: list[Path] = []
-        try:
-            for file in sorted(staging.iterdir()):
-                moved.append(file.rename(out / file.name))
-        except OSError:
-            for file in moved:
-                file.unlink(missing_ok=True)
-            raise
-        return
-    old = None
-    if out.is_dir():
-        old = out.with_name(f".{out.name}.replaced-{os.getpid()}")
-        out.rename(old)
-    try:
+    """Put the finished folder at out. A new --out is the staging folder renamed; an existing one (empty,
+    or a model that --force replaces) keeps its place and gets the files: a replaced model's are moved
+    aside first and removed only once the new ones are in. A failure part way puts back what was there."""
+    if staging.parent != out:
         staging.rename(out)
+        return
+    aside = out / f".export.replaced-{os.getpid()}"
+    old, new = entries(out), sorted(staging.iterdir())
+    aside.mkdir()
+    put_aside: list[Path] = []
+    moved_in: list[Path] = []
+    try:
+        for entry in old:
+            put_aside.append(entry.rename(aside / entry.name))
+        for file in new:
+            moved_in.append(file.rename(out / file.name))
     except OSError:
-        if old is not None:
-            old.rename(out)
+        for file in moved_in:
+            file.rename(staging / file.name)
+        for entry in put_aside:
+            entry.rename(out / entry.name)
+        aside.rmdir()
         raise
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)  # the new folder is in place; the old one's remains are no loss
+    staging.rmdir()
+    shutil.rmtree(aside, ignore_errors=True)  # the new model is in place; the old one's remains are no loss
 
 
 @dataclass
@@ -423,7 +444,7 @@ def export(
     """Write ckpt as a Hugging Face folder at out, checked with transformers first: the folder is put in
     place whole, or nothing is written (no folder it made, no file it began)."""
     # `--out .` has no name to stage beside; a link to a folder is written through, into the folder
-    out = out.expanduser().absolute()
+    out = Path(os.path.abspath(out.expanduser()))  # `x/..` is its parent, before anything is checked or made
     out = out.resolve() if out.is_symlink() else out
     ckpt = ckpt.expanduser()
     check_destination(out, ckpt, force)
@@ -432,7 +453,7 @@ def export(
     tokenizer = loaded.tokenizer
     if tokenizer is None:
         raise ExportError(f"{loaded.path} carries no tokenizer; a Hugging Face folder needs one")
-    staging = out.with_name(f".{out.name}.partial-{os.getpid()}")
+    staging = staging_for(out)
     with making_folders(out.parent):
         try:
             try:
@@ -441,7 +462,7 @@ def export(
                 staging.mkdir()
             except OSError as err:
                 raise ExportError(
-                    f"--out {out}: cannot write in {out.parent} ({err.strerror}); choose a writable folder"
+                    f"--out {out}: cannot write in {staging.parent} ({err.strerror}); choose a writable folder"
                 ) from None
             try:
                 write_folder(staging, loaded, tokenizer)

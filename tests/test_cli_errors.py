@@ -346,6 +346,53 @@ def test_export_py_writes_into_an_empty_working_folder_and_through_a_link(tiny_r
     capsys.readouterr()
 
 
+def test_export_py_force_in_the_working_folder_replaces_the_files_and_keeps_the_folder(
+    tiny_run, tmp_path, monkeypatch, capsys
+):
+    """`--out . --force` over an earlier export: the shell's working folder (or a mount point, which
+    cannot be renamed either) stays the same folder, and holds the new export's files only."""
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    assert export.main(["--ckpt", str(tiny_run), "--out", "."]) == 0
+    (here / "generation_config.json").write_text("{}")  # the earlier one's, to see it replaced
+    inode = here.stat().st_ino
+    assert export.main(["--ckpt", str(tiny_run), "--out", ".", "--force"]) == 0
+    assert Path.cwd().samefile(here) and here.stat().st_ino == inode and os.path.exists(os.getcwd())
+    assert sorted(p.name for p in here.iterdir()) == sorted(export.FILES)  # no work folders left in it
+    assert (here / "generation_config.json").read_text() != "{}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["here"]
+    capsys.readouterr()
+
+
+def test_export_py_out_with_dot_dot_is_the_folder_it_names(tiny_run, tmp_path, capsys):
+    """--out e/x/.. is e: checked as e (empty, so filled), and no folder x is made on the way."""
+    (tmp_path / "e").mkdir()
+    assert export.main(["--ckpt", str(tiny_run), "--out", str(tmp_path / "e" / "x" / "..")]) == 0
+    assert sorted(p.name for p in (tmp_path / "e").iterdir()) == sorted(export.FILES)
+    capsys.readouterr()
+
+
+def test_a_replacement_that_fails_part_way_puts_the_earlier_export_back(tiny_run, tmp_path, capsys):
+    """The old files are moved aside, then the new ones in: a failure on the way (here, a new entry
+    whose place is held by a folder that is not the old export's) leaves the earlier export as it was."""
+    out = tmp_path / "hf"
+    assert export.main(["--ckpt", str(tiny_run), "--out", str(out)]) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    staging = out / f".export.partial-{os.getpid()}"
+    staging.mkdir()
+    (staging / "config.json").write_text("{}")
+    (staging / ".export.replaced-1").write_text("")  # a file, to go where a folder of that name is
+    (out / ".export.replaced-1").mkdir()  # another export's work, left as it is: the rename fails
+    (out / ".export.replaced-1" / "x").write_text("x")
+    with pytest.raises(OSError):
+        export.install(staging, out)
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+    assert sorted(p.name for p in staging.iterdir()) == [".export.replaced-1", "config.json"]
+    assert not (out / f".export.replaced-{os.getpid()}").exists()
+    capsys.readouterr()
+
+
 def test_export_py_refused_leaves_no_folder_it_made(tiny_run, tmp_path, capsys):
     broken = tmp_path / "hf"  # a tokenizer the library cannot read: refused after the checks of --out
     export.main(["--ckpt", str(tiny_run), "--out", str(broken)])
