@@ -107,7 +107,7 @@ class TextDataModule(L.LightningDataModule):
         """Find the text and tokenize it, unless the cache already holds the result."""
         if self.cache is None:
             cache = prepare_corpus(self.data_cfg, self.tokenizer_cfg, self.given_tokenizer, self.progress)
-            check_sizes(cache, self.block_size)
+            check_sizes(cache, self.block_size, self.data_cfg)
             self.cache = cache
         return self.cache
 

@@ -177,22 +177,41 @@ def find_not_utf8(files: list[str]) -> DataError | None:
     return None
 
 
+LONGEST_UNCUT = 4_000_000  # characters of a document held at most while a safe place to cut it is looked for
+_said_cut: set[str] = set()
+
+
 def document_pieces(path: str, errors: str, piece_chars: int | None) -> Iterator[dict]:
     """A file as one document, in rows of about piece_chars characters cut where tokenizing the
     pieces gives the same ids as tokenizing the whole (tokenizer.safe_cut); piece_chars=None reads
     the whole file as one row. Rows after the first continue the document."""
-    carry, first = "", True
+    carry, first, forced = "", True, 0
     for text in read_text(path, errors):
         carry += text
         if piece_chars is None:
             continue
         pieces = safe_pieces(carry, piece_chars)
         carry = pieces.pop()  # where reading stopped is not known to be a safe place to cut
+        if len(carry) > LONGEST_UNCUT:  # no safe place in it: cut anyway, at its last space if it has one
+            cut = max(carry.rfind(" ", 0, LONGEST_UNCUT), carry.rfind("\n", 0, LONGEST_UNCUT) + 1)
+            cut = cut if cut > 0 else LONGEST_UNCUT
+            pieces.append(carry[:cut])
+            carry, forced = carry[cut:], forced + 1
         for piece in pieces:
             yield {"text": piece, "continues": not first}
             first = False
     if carry:
         yield {"text": carry, "continues": not first}
+    if forced and path not in _said_cut:  # (the tokenizer's training reads the file too: said once)
+        _said_cut.add(path)
+        log.warning(
+            "%s has stretches of over %s characters with no place where a cut leaves the tokens as they are (a "
+            "space between two letters, a newline before a letter); it was cut %d time(s) anyway, which may change "
+            "a token or two at each cut",
+            path,
+            f"{LONGEST_UNCUT:,}",
+            forced,
+        )
 
 
 def line_documents(path: str, errors: str) -> Iterator[dict]:

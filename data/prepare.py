@@ -176,16 +176,22 @@ class ProgressReport:
             self.last_report = time.monotonic()
 
 
-def check_sizes(cache: TokenCache, block_size: int) -> None:
-    """Each split must hold at least one window of block_size + 1 tokens."""
+def check_sizes(cache: TokenCache, block_size: int, data_cfg=None) -> None:
+    """Each split must hold at least one window of block_size + 1 tokens. `data_cfg`: the data settings,
+    for the fix to name (with data.val_path, data.val_fraction decides nothing)."""
     need = block_size + 1
+    val_file = data_cfg is not None and bool(data_cfg.get("val_path"))
     for split in ("train", "val"):
         have = cache.meta[f"{split}_tokens"]
         if have < need:
-            share = "a smaller data.val_fraction" if split == "train" else "a larger data.val_fraction"
+            if val_file:
+                fix = "more text in data.path" if split == "train" else "a longer data.val_path text"
+            else:
+                share = "a smaller data.val_fraction" if split == "train" else "a larger data.val_fraction"
+                fix = f"more text, {share}"
             raise DataError(
-                f"the {split} split has {count(have, 'token')}, fewer than block_size + 1 = {need}; use more text, "
-                f"{share}, or a smaller model.block_size"
+                f"the {split} split has {count(have, 'token')}, fewer than block_size + 1 = {need}; use {fix}, "
+                "or a smaller model.block_size"
             )
 
 

@@ -75,6 +75,17 @@ class ShardEncoder:
         paths = {split: self.folder / f"{index:06d}.{split}.bin" for split in SPLITS}
         # written under this process's own names, then renamed: a shard file is whole or absent
         temps = {split: path.with_name(f".{path.name}.{os.getpid()}.tmp") for split, path in paths.items()}
+        try:
+            self.write(items, temps, counts)
+        except BaseException:  # a full disk, a refused text, a stop: no part of a shard stays to fill the disk
+            for temp in temps.values():
+                temp.unlink(missing_ok=True)
+            raise
+        for split in SPLITS:
+            os.replace(temps[split], paths[split])
+        return counts
+
+    def write(self, items: list[Item], temps: dict[str, Path], counts: dict[str, int]) -> None:
         with contextlib.ExitStack() as stack:
             files = {split: stack.enter_context(open(temps[split], "wb")) for split in SPLITS}
             for batch in self.batches(self.documents(items)):
@@ -96,11 +107,8 @@ class ShardEncoder:
                 for split, arrays in chunks.items():
                     if arrays:
                         ids = np.concatenate(arrays)
-                        ids.tofile(files[split])
+                        files[split].write(ids.tobytes())  # (numpy's tofile reports a full disk with no errno)
                         counts[f"{split}_tokens"] += len(ids)
-        for split in SPLITS:
-            os.replace(temps[split], paths[split])
-        return counts
 
     def documents(self, items: list[Item]) -> Iterator[tuple[str, str, bool]]:
         """(split, text, separator_before) for each document or piece of one."""

@@ -160,7 +160,34 @@ def load_pretrained(path: str | os.PathLike | None) -> Tokenizer:
     tokenizer.no_truncation()
     tokenizer.no_padding()
     tokenizer.add_special_tokens([EOT])  # keeps the id the vocabulary gives it, if it has one
+    check_ids(tokenizer, path)
     return tokenizer
+
+
+def check_ids(tokenizer: Tokenizer, path: Path) -> None:
+    """A vocabulary the model can use: ids 0 to N-1, one token each (the model has a row per id up
+    to the vocabulary's size, and the token files a width chosen from it), and a tokenizer that reads
+    back as it is saved (worker processes and checkpoints carry it as its JSON)."""
+    vocab = tokenizer.get_vocab(with_added_tokens=True)
+    ids = set(vocab.values())
+    size = tokenizer.get_vocab_size(with_added_tokens=True)
+    if len(ids) < len(vocab) or ids != set(range(size)):
+        problem = (
+            f"some of its tokens share an id ({len(vocab) - len(ids):,} more tokens than ids)"
+            if len(ids) < len(vocab)
+            else f"its {size:,} tokens have ids up to {max(ids):,}, not 0 to {size - 1:,}"
+        )
+        raise DataError(
+            f"tokenizer.path {path}: {problem}; a model needs one token for each id from 0 up, so give a tokenizer "
+            "whose vocabulary is numbered so (as tokenizers and transformers save them)"
+        )
+    try:
+        Tokenizer.from_str(tokenizer.to_str())
+    except Exception as err:  # the library's own error
+        raise DataError(
+            f"tokenizer.path {path}: the tokenizer cannot be read back once saved ({str(err).splitlines()[0]}); "
+            "give a tokenizer.json that a tokenizers Tokenizer saved (tokenizer.save)"
+        ) from None
 
 
 def has_gpt2_files(folder: Path) -> bool:
@@ -236,6 +263,10 @@ def splits_safely(tokenizer: Tokenizer) -> bool:
     spec = json.loads(tokenizer.to_str())
     if spec.get("normalizer") is not None:
         return False
+    if any(
+        not t.get("special") and any(c.isspace() for c in t.get("content", "")) for t in spec.get("added_tokens", [])
+    ):
+        return False  # an added token may span a place that is safe to cut for the BPE ("good morrow")
     pre = spec.get("pre_tokenizer") or {}
     if pre.get("type") == "ByteLevel":
         return pre.get("use_regex", True) and not pre.get("add_prefix_space", False)

@@ -188,6 +188,16 @@ def test_training_part_shorter_than_a_window(tmp_path):
     assert message.startswith("the train split has ") and "a smaller data.val_fraction" in message  # not larger
 
 
+def test_a_validation_file_shorter_than_a_window_asks_for_a_longer_one(tmp_path, small_text):
+    """With data.val_path the validation split is that file: data.val_fraction would change nothing."""
+    short = tmp_path / "short.txt"
+    short.write_text("To be, or not to be.\n")
+    message = refused_preparation(tmp_path, path=str(small_text), val_path=str(short), tokenized=True)
+    assert message.startswith("the val split has ") and message.endswith(
+        "; use a longer data.val_path text, or a smaller model.block_size"
+    )
+
+
 def test_vocabulary_too_small_for_the_byte_alphabet(tmp_path, small_text):
     message = refused_preparation(tmp_path, bpe_config(vocab_size=200), path=str(small_text))
     assert message == (
@@ -327,4 +337,41 @@ def test_train_py_prints_one_error_line_for_bad_data(tmp_path):
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == (
         f"error: data.path {missing} does not exist; give a file, a folder or a glob"
+    )
+
+
+def renumbered_tokenizer(tmp_path, small_text, change) -> str:
+    """A byte-level BPE trained on the text, saved, its vocabulary edited by change(vocab) in the JSON."""
+    import json
+
+    from data.tokenizer import train_bpe
+
+    saved = json.loads(train_bpe([small_text.read_text(encoding="utf-8")], 300).to_str())
+    change(saved["model"]["vocab"])
+    file = tmp_path / "edited.json"
+    file.write_text(json.dumps(saved))
+    return str(file)
+
+
+@pytest.mark.parametrize(
+    "change, problem",
+    [
+        (lambda vocab: vocab.update({"Ġthe": 5000}), "its 300 tokens have ids up to 5,000, not 0 to 299"),
+        (lambda vocab: vocab.update({"Ġthe": 70000}), "its 300 tokens have ids up to 70,000, not 0 to 299"),
+        (lambda vocab: vocab.update({"Ġthe": vocab["a"]}), "some of its tokens share an id (1 more tokens than ids)"),
+    ],
+    ids=["an-id-past-the-end", "an-id-past-uint16", "two-tokens-one-id"],
+)
+def test_a_pretrained_tokenizer_numbered_other_than_0_to_n_is_refused_before_tokenizing(
+    change, problem, tmp_path, small_text
+):
+    """Such a vocabulary loads in `tokenizers`, then fails later, mid-training (an id past the model's
+    rows), mid-tokenizing (an id past uint16) or in the worker processes (a saved copy that does not
+    read back), each time with a traceback and a partial cache entry the next run stumbles on again."""
+    path = renumbered_tokenizer(tmp_path, small_text, change)
+    cfg = OmegaConf.create({"kind": "pretrained", "path": path})
+    message = refused_preparation(tmp_path, tokenizer=cfg, path=str(small_text))
+    assert message == (
+        f"tokenizer.path {path}: {problem}; a model needs one token for each id from 0 up, so give a tokenizer whose "
+        "vocabulary is numbered so (as tokenizers and transformers save them)"
     )

@@ -206,3 +206,24 @@ def test_workers_end_with_a_killed_preparation_which_then_resumes(tmp_path, docu
     )
     for split in SPLITS:
         assert np.array_equal(resumed.ids(split), clean.ids(split))
+
+
+def test_a_file_with_no_safe_place_to_cut_is_cut_anyway_and_held_in_bounded_pieces(tmp_path, caplog):
+    """Digits and spaces for 9M characters: no place where a cut keeps GPT-2's tokens (no space between
+    two letters, no newline before one). The file is not carried whole (nor scanned over and over as it
+    grows): it comes in pieces of at most LONGEST_UNCUT characters, cut at spaces, that join to the text,
+    with one warning."""
+    from data.files import LONGEST_UNCUT, document_pieces
+
+    numbers = tmp_path / "numbers.txt"
+    text = " ".join(str(n) for n in range(1_200_000))
+    assert len(text) > 2 * LONGEST_UNCUT
+    numbers.write_text(text)
+    with caplog.at_level("WARNING", logger="data.files"):
+        rows = list(document_pieces(str(numbers), "strict", 65_536))
+    assert "".join(r["text"] for r in rows) == text
+    assert max(len(r["text"]) for r in rows) <= LONGEST_UNCUT and len(rows) >= 3
+    assert all(r["text"].startswith(" ") for r in rows[1:])  # each forced cut at a space, which goes with the next word
+    assert [r["continues"] for r in rows] == [False] + [True] * (len(rows) - 1)  # one document still
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "was cut 2 time(s) anyway" in warnings[0]

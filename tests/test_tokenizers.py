@@ -224,3 +224,19 @@ def test_a_vocabulary_larger_than_the_text_has_merges_for_is_said_in_a_warning(c
         f"tokenizer.vocab_size=1000 is more than this text has merges for: the tokenizer has "
         f"{tokenizer.get_vocab_size()} tokens, and the model that many; give a smaller tokenizer.vocab_size, or more text"
     )
+
+
+def test_a_tokenizer_with_an_added_token_that_spans_a_space_is_not_cut_into_pieces(small_text):
+    """An added token matches before the BPE's rules, so "good morrow" can straddle a space that is a
+    safe place to cut for the BPE: such a tokenizer encodes documents whole (tokens added without a
+    space, or special ones, change nothing)."""
+    tokenizer = train_bpe([small_text.read_text(encoding="utf-8")], 300)
+    tokenizer.add_tokens(["morrow"])
+    tokenizer.add_special_tokens(["<|pad| here|>"])
+    assert splits_safely(tokenizer)
+    tokenizer.add_tokens(["good morrow"])
+    assert not splits_safely(tokenizer)
+    text = "I bid you good morrow, sir. " * 5000
+    whole = tokenizer.encode(text, add_special_tokens=False).ids
+    pieced = [i for piece in safe_pieces(text, 65_536) for i in tokenizer.encode(piece, add_special_tokens=False).ids]
+    assert whole != pieced  # what encoding it in pieces would have got wrong

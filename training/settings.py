@@ -334,7 +334,7 @@ def resolve(requested: dict[str, Any], named: Iterable[str] = ()) -> tuple[RunSe
     try:
         model = final_model(values["model"], tokens.meta["vocab_size"])
         values["model"] = model.to_dict()
-        check_sizes(tokens, model.block_size)
+        check_sizes(tokens, model.block_size, values["data"])
         values["tokens_per_step"], accumulation = global_batch(values, world_size)
         check_memory(values, model, world_size)
         size_to_fallback(values, tokens, named)
@@ -397,7 +397,7 @@ def resolve_resumed(checkpoint: Path, requested: dict[str, Any], named: Iterable
     values["tokens_per_step"], accumulation = global_batch(values, world_size)
     values["trainer"]["accumulate_grad_batches"] = accumulation
     model = GPTConfig.from_dict(values["model"])
-    check_sizes(tokens, model.block_size)
+    check_sizes(tokens, model.block_size, values["data"])
     check_sample_prompts(values, tokens.tokenizer_json)
     return RunSettings(
         values, model, tokens, world_size, accumulation, resume_from=checkpoint, resume_step=step, machine_chosen=chosen
