@@ -164,17 +164,19 @@ class Composer:
                 raise CommandLineError(f"{said}; choose one of: {', '.join(options)}") from None
             raise CommandLineError(lines[0]) from None
         except OverrideParseException as err:
-            if (home := tilde_error(overrides)) is not None:
-                raise home from None
+            if (unread := unreadable_override(overrides)) is not None:
+                raise unread from None
             raise CommandLineError(
                 f"cannot read the command line ({str(err).splitlines()[0]}); write overrides as key=value"
             ) from None
         except HydraException as err:
             several = re.match(r"Ambiguous value for argument '(([^=']+)=[^']*)'", str(err))
             if several:
+                key, value = several.group(2), several.group(1).split("=", 1)[1]
                 raise CommandLineError(
                     f"{several.group(1)} gives several values: to train one run for each, add -m "
-                    f"(python train.py -m {several.group(1)} ...); for a list, write {several.group(2)}=[...]"
+                    f"(python train.py -m {several.group(1)} ...); for a list, write {key}=[...]; if the comma is "
+                    f"part of one value (a file name), quote it: {quoted_override(key, value)}"
                 ) from None
             removed = re.match(r"Could not delete '([^']+)'", str(err))
             if removed and (CONFIG_DIR / removed.group(1)).is_dir():
@@ -824,14 +826,50 @@ def tilde_error(overrides: list[str]) -> CommandLineError | None:
     return CommandLineError(f"{home}: a value cannot start with ~ on this command line; write {key}=$HOME/{value[2:]}")
 
 
+def quoted_override(key: str, value: str) -> str:
+    """key=value as the shell and Hydra's grammar both pass it on whole: a quoted value, the whole in
+    the shell's quotes."""
+    return shlex.quote(f'{key}="{value}"') if "'" in value else f"\"{key}='{value}'\""
+
+
+def unreadable_override(overrides: list[str], sweep: bool = False) -> CommandLineError | None:
+    """The first override Hydra's grammar cannot read, named, with how to write it: a value with
+    characters the grammar gives a meaning to (= , [ ] { } ( ) spaces, quotes, letters beyond ASCII) is
+    read whole when quoted. None when each reads alone."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    if (home := tilde_error(overrides)) is not None:
+        return home
+    parser = OverridesParser.create()
+    for override in overrides:
+        try:
+            parser.parse_overrides([override])
+        except Exception as err:  # the grammar's own exception
+            key, equals, value = override.partition("=")
+            if not equals or not re.fullmatch(r"[+~]{0,2}[\w.\-/@]+", key):
+                return CommandLineError(
+                    f"cannot read {override} ({str(err).splitlines()[0]}); write overrides as key=value"
+                )
+            if sweep:  # a list of values to sweep, written wrong, as likely as a value to quote
+                return CommandLineError(
+                    f"cannot read {override} ({str(err).splitlines()[0]}); write swept values as key=a,b,c, and quote "
+                    f"a value that holds = , spaces or quotes: {quoted_override(key, value)}"
+                )
+            return CommandLineError(
+                f"cannot read {override}: its value has characters the command line gives a meaning to (such as = , "
+                f"spaces, brackets, quotes or letters beyond ASCII); quote the value: {quoted_override(key, value)}"
+            )
+    return None
+
+
 def parse_overrides(overrides: list[str]):
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     try:
         return OverridesParser.create().parse_overrides(overrides)
     except Exception as err:  # Hydra's OverrideParseException, or a value its grammar reads but cannot type
-        if (home := tilde_error(overrides)) is not None:
-            raise home from None
+        if (unread := unreadable_override(overrides, sweep=True)) is not None:
+            raise unread from None
         raise CommandLineError(
             f"cannot read the command line ({str(err).splitlines()[0]}); write overrides as key=value, "
             "and swept values as key=a,b,c"

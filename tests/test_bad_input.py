@@ -3,6 +3,7 @@ elsewhere); the last test reads the table and checks that no row is left without
 
 from __future__ import annotations
 
+import json
 import os
 import re
 
@@ -256,7 +257,10 @@ BAD_SETTINGS = [
     (["-m", "--cfg", "job", "optim.lr=1e-3,2e-3"], "--cfg shows what one run would use and -m starts a sweep"),
     (["--info", "-m"], "--info shows what one run would use and -m starts a sweep of several: leave -m out"),
     (["-m", "hydra.sweep.dir=~/s", "optim.lr=1e-3,2e-3"], "hydra.sweep.dir=~/s: a value cannot start with ~ on this"),
-    (["-m", "resume", "optim.lr=1e-3,2e-3"], "cannot read the command line (Error parsing override 'resume')"),
+    (
+        ["-m", "resume", "optim.lr=1e-3,2e-3"],
+        "cannot read resume (Error parsing override 'resume'); write overrides as",
+    ),
     (  # a setting of the search space that a chosen group has not: the fix is a space of the user's own
         ["-m", "hparams_search=optuna", "tokenizer=char"],
         "hparams_search=optuna searches tokenizer.vocab_size, which tokenizer=char does not have; search with a "
@@ -266,7 +270,10 @@ BAD_SETTINGS = [
     (["-m", "optim.lr=1e-3,2e-3", "data.path=/no/such.txt"], "data.path /no/such.txt does not exist"),
     (["-m", "data=text", "data.path=/no/such/*.txt"], "data.path glob '/no/such/*.txt' matches no files"),
     (["-m", "data=text"], "data=text needs data.path"),
-    (["-m", "optim.lr=1e-3,,2e-3"], "cannot read the command line (Error parsing override 'optim.lr=1e-3,,2e-3')"),
+    (
+        ["-m", "optim.lr=1e-3,,2e-3"],
+        "cannot read optim.lr=1e-3,,2e-3 (Error parsing override 'optim.lr=1e-3,,2e-3'); write swept values as key=a,b,c",
+    ),
     (["-m", "model.n_layer=range(1,3),x"], "cannot read model.n_layer=range(1,3),x"),
     (
         ["-m", "optim.lr=interval(0.1,1)"],
@@ -595,3 +602,28 @@ def test_a_pretrained_tokenizer_path_that_names_nothing_is_said_before_the_data_
     )
     assert "tokenizing" not in proc.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["eq=x.txt", "ünïcödé.txt", "c,omma.txt", "it's.txt"])
+def test_a_path_the_command_line_grammar_misreads_gets_the_quoted_form_that_works(name, small_text, tmp_path):
+    """A file name with =, a comma, letters beyond ASCII or a quote is read by Hydra's grammar, not
+    passed on: the one line names the override and gives it quoted, and that form, pasted into a shell,
+    trains on the file."""
+    import shlex
+
+    text = tmp_path / "texts" / name
+    text.parent.mkdir()
+    text.write_text(small_text.read_text(encoding="utf-8")[:5000], encoding="utf-8")
+    env = {**os.environ, "TINYGPT2_CACHE": str(tmp_path / "cache")}
+    tiny = [a for a in TINY_OVERRIDES if not a.startswith("tokenizer.")]
+    proc = run_script("train.py", *tiny, "tokenizer=char", "data=text", f"data.path={text}", cwd=tmp_path, env=env)
+    assert proc.returncode == 1
+    line = one_error_line(proc.stderr)
+    assert f"data.path={text}" in line and "quote" in line
+    suggested = line.rsplit(": ", 1)[1]
+    (override,) = shlex.split(suggested)  # one word for the shell
+    proc = run_script("train.py", *tiny, "tokenizer=char", "data=text", override, cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (result,) = tmp_path.glob("outputs/*/*/result.json")
+    assert json.loads(result.read_text())["config"]["data"]["path"] == str(text)
