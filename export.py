@@ -31,7 +31,7 @@ import torch
 from safetensors import SafetensorError
 from tokenizers import Tokenizer
 
-from data.tokenizer import EOT
+from data.tokenizer import EOT, UNK
 from generation.checkpoint import CheckpointError, Loaded, given_or_newest, load_checkpoint
 from generation.cli import Parser, given_path, run_program
 from generation.output import OutputError, cannot_write, making_folders
@@ -181,7 +181,7 @@ def check_replaceable(out: Path) -> None:
         )
 
 
-def write_folder(folder: Path, loaded: Loaded, tokenizer: Tokenizer) -> None:
+def write_folder(folder: Path, loaded: Loaded, tokenizer: Tokenizer, name: str) -> None:
     """The model, its generation config and tokenizer through transformers' save_pretrained, and a card."""
     import transformers
 
@@ -198,7 +198,8 @@ def write_folder(folder: Path, loaded: Loaded, tokenizer: Tokenizer) -> None:
         bos_token_id=eot, eos_token_id=eot, pad_token_id=eot, max_length=model.config.block_size
     )
     hf_model.save_pretrained(folder)
-    specials = {"bos_token": EOT, "eos_token": EOT, "unk_token": EOT, "pad_token": EOT} if eot is not None else {}
+    unk = UNK if tokenizer.token_to_id(UNK) is not None else EOT  # the char tokenizer has a token of its own
+    specials = {"bos_token": EOT, "eos_token": EOT, "unk_token": unk, "pad_token": EOT} if eot is not None else {}
     hf_tokenizer = transformers.PreTrainedTokenizerFast(
         tokenizer_object=Tokenizer.from_str(loaded.tokenizer_json),
         model_max_length=model.config.block_size,
@@ -209,15 +210,16 @@ def write_folder(folder: Path, loaded: Loaded, tokenizer: Tokenizer) -> None:
     hf_tokenizer.save_pretrained(folder)
     for extra in set(p.name for p in folder.iterdir()) - set(FILES):  # e.g. special_tokens_map.json
         (folder / extra).unlink()
-    (folder / "README.md").write_text(model_card(loaded, folder), encoding="utf-8")
+    (folder / "README.md").write_text(model_card(loaded, name), encoding="utf-8")
     umask = os.umask(0)
     os.umask(umask)
     for name in FILES:  # safetensors writes owner-only files; make them as readable as the others
         os.chmod(folder / name, 0o666 & ~umask)
 
 
-def model_card(loaded: Loaded, folder: Path) -> str:
-    """README.md for the Hub: what the model is, what it learnt from, how to load it, and its limits."""
+def model_card(loaded: Loaded, name: str) -> str:
+    """README.md for the Hub: what the model is, what it learnt from, how to load it, and its limits.
+    `name`: the folder's. Paths of this machine are named by their last part only."""
     c, settings = loaded.model.config, loaded.config or {}
     data, tokenizer = settings.get("data") or {}, settings.get("tokenizer") or {}
     result = run_result(loaded.path)
@@ -230,13 +232,10 @@ def model_card(loaded: Loaded, folder: Path) -> str:
     trained = f"Fine-tuned with tinygpt2 from {start}" if start else "Trained with tinygpt2"
     if data:
         shakespeare = data.get("source") == "shakespeare" and not data.get("path")
-        trained += (
-            f" on {'Tiny Shakespeare' if shakespeare else data.get('path') or data.get('name') or data.get('source')}"
-        )
+        trained += f" on {'Tiny Shakespeare' if shakespeare else last_part(data.get('path') or data.get('name')) or data.get('source')}"
     if loaded.step:
         trained += f" for {loaded.step} steps" + ("" if final or not max_steps else f" (of the run's {max_steps})")
     scores = f" Final validation loss {loss:.4f} nats per token, {bpc:.4f} bits per character." if loss and bpc else ""
-    name = folder.name.removeprefix(".").split(".partial-")[0]
     return f"""---
 library_name: transformers
 pipeline_tag: text-generation
@@ -276,8 +275,15 @@ def tokenizer_words(tokenizer: dict) -> str:
     if kind == "char":
         return "one token per character of the training text"
     if kind == "pretrained" and tokenizer.get("path"):
-        return f"the tokenizer of {tokenizer['path']}"
+        return f"the tokenizer of {last_part(tokenizer['path'])}"
     return "its own tokenizer"
+
+
+def last_part(path: str | None) -> str | None:
+    """A local path's last part (a file, a folder, a glob's pattern); a Hub name as it is."""
+    if not path:
+        return path
+    return Path(path).name if os.path.isabs(path) or path.startswith((".", "~")) or os.path.exists(path) else path
 
 
 def run_result(checkpoint: Path | None) -> dict:
@@ -465,7 +471,7 @@ def export(
                     f"--out {out}: cannot write in {staging.parent} ({err.strerror}); choose a writable folder"
                 ) from None
             try:
-                write_folder(staging, loaded, tokenizer)
+                write_folder(staging, loaded, tokenizer, out.name)
                 difference, count = compare_logits(staging, loaded.model, tokenizer)
                 if not difference <= TOLERANCE:  # a NaN fails too
                     raise ExportError(

@@ -155,6 +155,10 @@ def safe_torch_load(path: Path, map_location="cpu", mmap: bool = False) -> Any:
         raise CheckpointError(
             f"{path} is not a checkpoint; pass a .ckpt file that train.py wrote, a run folder or a Hugging Face folder"
         )
+    if file_start(path) == b"":
+        raise DamagedCheckpoint(path, "it is empty")
+    if not starts_like_torch_file(path):  # named as a checkpoint, and something else from its first byte
+        raise DamagedCheckpoint(path, "its first bytes are not those of a file torch.save wrote")
     check_sums(path, tensors=not mmap)
     try:
         return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)

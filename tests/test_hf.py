@@ -20,7 +20,7 @@ from generation.checkpoint import META_KEY, CheckpointError, load_checkpoint
 from model import GPT
 from model.hf import from_hf_state_dict
 
-from .common import one_error_line, script_command, script_environment
+from .common import TINY_OVERRIDES, one_error_line, run_script, script_command, script_environment
 from .tiny import EOT, train_tiny_gpt, write_checkpoint
 
 transformers.utils.logging.set_verbosity_error()
@@ -325,7 +325,8 @@ def test_the_model_card_says_what_the_model_is_and_its_limits(exported, tiny_run
     run = tmp_path / "run"
     shutil.copytree(tiny_run, run)
     ckpt = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
-    ckpt[META_KEY]["config"] = {"trainer": {"max_steps": 40}}
+    text_file = str(tmp_path / "private" / "notes" / "my_text.txt")  # a path of the machine it was trained on
+    ckpt[META_KEY]["config"] = {"trainer": {"max_steps": 40}, "data": {"source": "text", "path": text_file}}
     for step in (20, 40):
         torch.save({**ckpt, "global_step": step}, run / "checkpoints" / f"step-{step:06d}.ckpt")
     result = {"finished": True, "metrics": {"val/loss": 3.4347312, "val/bpc": 2.1956188}}
@@ -337,6 +338,8 @@ def test_the_model_card_says_what_the_model_is_and_its_limits(exported, tiny_run
         cards[step] = (out / "README.md").read_text(encoding="utf-8")
     assert "for 40 steps. Final validation loss 3.4347 nats per token, 2.1956 bits per character." in cards[40]
     assert "for 20 steps (of the run's 40)." in cards[20] and "Final validation" not in cards[20]
+    assert "Trained with tinygpt2 on my_text.txt for 40 steps" in cards[40] and str(tmp_path) not in cards[40]
+    assert 'model="path/to/out-40"' in cards[40]  # the folder's own name, not that of where it was staged
 
 
 def test_force_replaces_an_export_with_its_card_but_not_a_readme_of_the_users(exported, tiny_run, tmp_path, capsys):
@@ -371,3 +374,16 @@ def test_push_to_hub_offline_keeps_the_folder_and_says_how_to_upload_later(tiny_
     assert line.startswith(f"error: {out} is written, but uploading it to me/tiny failed (")
     assert line.endswith(f"upload it later with `hf upload me/tiny {out}`")
     assert sorted(p.name for p in out.iterdir()) == sorted(export.FILES)
+
+
+def test_a_char_tokenizer_exports_its_own_unknown_token(tmp_path, small_text, capsys):
+    """The char tokenizer maps unseen characters to <|unk|>: transformers is told so, rather than that
+    <|endoftext|> is the unknown token (which it never is for this tokenizer)."""
+    tiny = [a for a in TINY_OVERRIDES if not a.startswith("tokenizer.")]
+    proc = run_script("train.py", *tiny, f"data.path={small_text}", "tokenizer=char", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (run,) = tmp_path.glob("outputs/*/*/checkpoints")
+    assert export.main(["--ckpt", str(run.parent), "--out", str(tmp_path / "hf")]) == 0
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    assert tokenizer.unk_token == "<|unk|>" and tokenizer("☕").input_ids == [tokenizer.unk_token_id]
+    capsys.readouterr()
