@@ -191,9 +191,10 @@ def generate_text(
 def summary(result: Completion, args: argparse.Namespace, block_size: int, source: Path | None) -> str:
     rate = result.tokens / max(result.seconds, 1e-9)
     cache = "no cache" if args.no_cache else f"KV cache {result.cache_length}/{block_size} positions"
+    seen = f", of which the context holds the last {block_size}" if len(result.prompt_ids) > block_size else ""
     return (
         f"[{result.tokens} tokens generated ({args.num_samples} sample(s)) in {result.seconds:.2f}s, {rate:.1f} tokens/s; "
-        f"prompt {len(result.prompt_ids)} tokens; {cache}; {source}]"
+        f"prompt {len(result.prompt_ids)} tokens{seen}; {cache}; {source}]"
     )
 
 

@@ -73,7 +73,8 @@ def stream(
 ) -> Iterator[torch.Tensor]:
     """Yield the next token of every row, (B,), at most max_new_tokens times.
 
-    With the cache, the prompt runs once (prefill), then one token per step. Past block_size the
+    With the cache, the prompt runs once (prefill), then one token per step; a prompt longer than
+    block_size is seen through its last block_size tokens. Past block_size the
     window slides in jumps: when it is full, it restarts from its last block_size // 2 tokens
     (one prefill of those), because learned absolute positions do not let cached keys shift to
     new positions. Without the cache, every step runs the same window from scratch, so both
@@ -100,7 +101,7 @@ def stream(
     tokens = torch.empty(idx.size(0), idx.size(1) + max_new_tokens, dtype=idx.dtype, device=idx.device)
     tokens[:, : idx.size(1)] = idx
     total = idx.size(1)  # tokens so far
-    window_start = 0  # first token of the current window
+    window_start = max(0, total - block_size)  # first token of the current window: a long prompt's last block_size
     cached = 0  # how many tokens of the window the cache holds
     step = one_token_step(model, idx.size(0)) if use_cache else None
     try:

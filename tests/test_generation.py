@@ -178,6 +178,26 @@ def test_generation_goes_on_past_the_context_window(tiny_gpt):
     assert torch.equal(cached, tiny_gpt.generate(idx, 3 * block, temperature=0, use_cache=False))
 
 
+def test_a_prompt_longer_than_the_context_is_seen_through_its_last_block_size_tokens(tiny_gpt):
+    """The first token follows from the prompt's last block_size tokens, the most the model can see
+    (not from half of them, as a slide of the window would keep), with and without the cache."""
+    block = tiny_gpt.config.block_size
+    idx = torch.arange(3 * block + 5).remainder(tiny_gpt.config.vocab_size).unsqueeze(0)
+    with torch.no_grad():
+        expected = tiny_gpt.last_logits(idx[:, -block:]).argmax(-1)
+    for use_cache in (True, False):
+        first = next(tiny_gpt.stream(idx, 1, temperature=0, use_cache=use_cache))
+        assert torch.equal(first, expected)
+    assert tiny_gpt.generate(idx, 2, temperature=0).shape == (1, 3 * block + 7)
+    cached = tiny_gpt.generate(idx, 2 * block, temperature=0)
+    assert torch.equal(cached, tiny_gpt.generate(idx, 2 * block, temperature=0, use_cache=False))
+
+
+def test_generate_py_says_how_much_of_a_long_prompt_the_context_holds(tiny_run, capsys):
+    code, _, err = cli(capsys, "--ckpt", tiny_run, "--prompt", "ROMEO: " * 60, "--max-new-tokens", 2)
+    assert code == 0 and "tokens, of which the context holds the last 32; KV cache" in err
+
+
 def test_generate_py_runs_past_the_window_with_and_without_cache(tiny_run, capsys):
     args = ["--ckpt", tiny_run, "--prompt", "ROMEO:", "--max-new-tokens", 100, "--temperature", 0]
     code, cached, err = cli(capsys, *args)
