@@ -222,7 +222,13 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.default_int_handler)  # from here Ctrl-C stops a sample (see the top)
     args = parse_args(argv)
     try:
-        return run_program(lambda: run(args), UsageError, PromptError, CheckpointError)
+        return run_program(
+            lambda: run(args),
+            UsageError,
+            PromptError,
+            CheckpointError,
+            less="ask for fewer --num-samples or --max-new-tokens",
+        )
     except KeyboardInterrupt:
         print(file=sys.stderr)
         return 130

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -56,10 +57,11 @@ def given_path(text: str) -> Path:
     return Path(text).expanduser()
 
 
-def run_program(work: Callable[[], int | None], *refusals: type[Exception]) -> int:
+def run_program(work: Callable[[], int | None], *refusals: type[Exception], less: str = "") -> int:
     """Run a script's work and end as the project's scripts end: an error of the kinds given (bad input,
-    a failing environment) or output that cannot be written in one `error:` line and status 1; a reader
-    that left the pipe (`| head`) quietly with 141, as a shell reports SIGPIPE. Ctrl-C is the caller's."""
+    a failing environment), output that cannot be written, or memory that cannot be had, in one `error:`
+    line and status 1 (`less`: what to ask for instead, for the last); a reader that left the pipe
+    (`| head`) quietly with 141, as a shell reports SIGPIPE. Ctrl-C is the caller's."""
     stdout = sys.stdout
     sys.stdout = GuardedStdout(stdout)
     try:
@@ -74,5 +76,28 @@ def run_program(work: Callable[[], int | None], *refusals: type[Exception]) -> i
     except BrokenPipeError:
         silence_stdout()
         return 141
+    except (MemoryError, RuntimeError) as err:  # torch.OutOfMemoryError is a RuntimeError too
+        if not out_of_memory(err):
+            raise
+        print(f"error: {memory_message(err, less)}", file=sys.stderr)
+        return 1
     finally:
         sys.stdout = stdout
+
+
+def out_of_memory(err: BaseException) -> bool:
+    """An allocation that failed: torch's CPU allocator says so in a RuntimeError, CUDA's in its own."""
+    import torch
+
+    text = str(err)
+    return (
+        isinstance(err, (MemoryError, torch.OutOfMemoryError))
+        or "can't allocate memory" in text
+        or "out of memory" in text.lower()
+    )
+
+
+def memory_message(err: BaseException, less: str = "") -> str:
+    wanted = re.search(r"allocate (\d+) bytes", str(err))
+    size = f" ({int(wanted.group(1)) / 2**30:.1f} GiB at once)" if wanted else ""
+    return f"out of memory{size}: {less + ', or ' if less else ''}use a machine with more memory for this model"

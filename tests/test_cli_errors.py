@@ -645,3 +645,21 @@ def test_ctrl_c_at_any_moment_gives_no_traceback(program, tiny_run, tmp_path):
         if program == "export.py" and proc.returncode == 130:
             assert err.strip().splitlines()[-1] == "stopped; nothing was written"
         shutil.rmtree(tmp_path / "x", ignore_errors=True)
+
+
+def test_asking_for_more_than_memory_holds_is_one_line_with_what_to_ask_instead(tiny_run, tmp_path):
+    """1,024 samples of a million tokens each want 8 GiB of token ids at once: in a process whose
+    address space is capped at 6 GiB (as a container's, or a machine without overcommit, caps it),
+    the allocation fails, and generate.py says so in one line."""
+
+    def cap() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (6 * 2**30, 6 * 2**30))
+
+    args = ["--ckpt", str(tiny_run), "--prompt", "A", "--max-new-tokens", "1000000", "--num-samples", "1024"]
+    proc = start_script(
+        "generate.py", *args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=cap
+    )
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 1 and out == ""
+    line = one_error_line(err)
+    assert line.startswith("error: out of memory (7.6 GiB at once): ask for fewer --num-samples or --max-new-tokens")
