@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from generation.checkpoint import CheckpointError, given_or_newest, load_checkpoint
-from generation.cli import Parser, given_path, run_program, whole_number
+from generation.cli import Parser, exit_quietly, given_path, run_program, whole_number
 from generation.session import PromptError, Session
 from generation.text import token_label
 from model import GPT
@@ -556,4 +556,4 @@ def run(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_quietly(main())

@@ -33,7 +33,7 @@ from tokenizers import Tokenizer
 
 from data.tokenizer import EOT, UNK
 from generation.checkpoint import CheckpointError, Loaded, given_or_newest, load_checkpoint
-from generation.cli import Parser, given_path, run_program
+from generation.cli import Parser, exit_quietly, given_path, run_program
 from generation.output import OutputError, cannot_write, making_folders
 from model import GPT
 from model.hf import hf_config_dict, to_hf_state_dict
@@ -541,4 +541,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_quietly(main())

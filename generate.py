@@ -29,7 +29,7 @@ import torch
 from tokenizers import Tokenizer
 
 from generation.checkpoint import CheckpointError, given_or_newest, load_checkpoint
-from generation.cli import Parser, given_path, number, run_program, whole_number
+from generation.cli import Parser, exit_quietly, given_path, number, run_program, whole_number
 from generation.output import OutputError, cannot_write
 from generation.session import Completion, PromptError, Sampling, Session
 from generation.text import token_label
@@ -296,4 +296,4 @@ def read_prompts():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_quietly(main())

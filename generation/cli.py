@@ -7,9 +7,11 @@ from __future__ import annotations
 import argparse
 import math
 import re
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import NoReturn
 
 from generation.output import GuardedStdout, OutputError, silence_stdout
 
@@ -55,6 +57,13 @@ def given_path(text: str) -> Path:
     if not text:
         raise argparse.ArgumentTypeError("needs a path, got ''")
     return Path(text).expanduser()
+
+
+def exit_quietly(code: int) -> NoReturn:
+    """Exit with code; a Ctrl-C from here on (the work is done, the interpreter shutting down: torch's
+    exit handlers run) is ignored rather than shown as a traceback of theirs."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sys.exit(code)
 
 
 def run_program(work: Callable[[], int | None], *refusals: type[Exception], less: str = "") -> int:

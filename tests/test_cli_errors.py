@@ -9,6 +9,7 @@ import resource
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -21,7 +22,7 @@ import export
 import generate
 from generation.checkpoint import DamagedCheckpoint, read_header, read_weights
 
-from .common import damaged_copy, flipped_copy, one_error_line, run_script, snapshot, start_script
+from .common import ROOT, damaged_copy, flipped_copy, one_error_line, run_script, snapshot, start_script
 from .tiny import train_tiny_gpt, write_checkpoint
 
 
@@ -663,3 +664,18 @@ def test_asking_for_more_than_memory_holds_is_one_line_with_what_to_ask_instead(
     assert proc.returncode == 1 and out == ""
     line = one_error_line(err)
     assert line.startswith("error: out of memory (7.6 GiB at once): ask for fewer --num-samples or --max-new-tokens")
+
+
+def test_a_ctrl_c_after_the_work_is_done_is_not_shown_as_an_exit_handlers_traceback():
+    """generate.py, explain.py and export.py end through exit_quietly: a Ctrl-C that lands while the
+    interpreter shuts down (torch runs exit handlers of its own) changes neither the status nor stderr."""
+    code = (
+        "import atexit, os, signal\n"
+        "from generation.cli import exit_quietly\n"
+        "atexit.register(lambda: os.kill(os.getpid(), signal.SIGINT))\n"
+        "exit_quietly(3)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stderr) == (3, "")
+    for script in ("generate.py", "explain.py", "export.py"):
+        assert (ROOT / script).read_text().endswith('if __name__ == "__main__":\n    exit_quietly(main())\n')
