@@ -63,7 +63,12 @@ def config_from_hf(hf_config) -> GPTConfig:
     """Our GPTConfig from a transformers GPT2Config (or its dict), refusing GPT-2 variants that
     our model does not compute."""
     get = hf_config.get if isinstance(hf_config, dict) else lambda k, d=None: getattr(hf_config, k, d)
-    model_type = get("model_type", "gpt2")
+    model_type = get("model_type")
+    if model_type is None and any(get(key) is None for key in ("n_layer", "n_head", "n_embd")):
+        raise ConfigError(
+            "it names no model_type, nor a GPT-2 shape (n_layer, n_head, n_embd): it is not a GPT-2 config"
+        )
+    model_type = model_type or "gpt2"  # a GPT-2 config saved before model_type was written
     if model_type != "gpt2":
         raise ConfigError(f"model_type is {model_type!r}; only GPT-2 models (model_type 'gpt2') can be loaded")
     n_embd = get("n_embd")

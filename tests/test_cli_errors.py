@@ -679,3 +679,16 @@ def test_a_ctrl_c_after_the_work_is_done_is_not_shown_as_an_exit_handlers_traceb
     assert (proc.returncode, proc.stderr) == (3, "")
     for script in ("generate.py", "explain.py", "export.py"):
         assert (ROOT / script).read_text().endswith('if __name__ == "__main__":\n    exit_quietly(main())\n')
+
+
+def test_a_folder_of_another_project_with_a_config_json_is_said_not_to_be_a_gpt2(tmp_path, capsys):
+    """A config.json that is no model's (a project's settings) is named as not a GPT-2 config, rather
+    than read as a GPT-2 with no layers."""
+    project = tmp_path / "webapp"
+    project.mkdir()
+    (project / "config.json").write_text('{"port": 8080, "debug": true}')
+    assert generate.main(["--ckpt", str(project), "--prompt", "a"]) == 1
+    assert one_error_line(capsys.readouterr().err) == (
+        f"error: {project} is not a GPT-2 model tinygpt2 can load: it names no model_type, nor a GPT-2 shape "
+        "(n_layer, n_head, n_embd): it is not a GPT-2 config"
+    )
