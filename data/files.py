@@ -9,6 +9,7 @@ extension. data.format names the format when extensions do not tell.
 from __future__ import annotations
 
 import codecs
+import errno
 import glob
 import logging
 import os
@@ -55,7 +56,7 @@ def expand_paths(path, setting: str = "data.path", fmt: str = "auto") -> tuple[l
         if not files:
             raise DataError(f"{setting} glob {path!r} matches no files; check the pattern")
     else:
-        raise DataError(f"{setting} {path} does not exist; give a file, a folder or a glob")
+        raise DataError(f"{setting} {path} {what_is_there(path)}; give a file, a folder or a glob")
     formats = Counter(format_of(f, fmt) for f in files)
     if len(formats) > 1:
         found = ", ".join(f"{n} {kind}" for kind, n in formats.most_common())
@@ -65,6 +66,21 @@ def expand_paths(path, setting: str = "data.path", fmt: str = "auto") -> tuple[l
     if fmt != "parquet":
         check_not_utf16_or_32(files)
     return files, fmt
+
+
+def what_is_there(path: str) -> str:
+    """What a path that is neither a file nor a folder names: nothing, a link to nothing, or something
+    that is not a regular file (a pipe, a device, a socket)."""
+    if os.path.islink(path):
+        try:
+            os.stat(path)
+        except OSError as err:
+            if err.errno == errno.ELOOP:
+                return "is a symbolic link that leads round in a loop"
+        return f"is a symbolic link to {os.readlink(path)}, which does not exist"
+    if os.path.lexists(path):
+        return "is not a regular file (a pipe, a device or a socket: its text cannot be read twice, as a run reads it)"
+    return "does not exist"
 
 
 def described(extensions: Counter) -> str:

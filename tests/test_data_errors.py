@@ -375,3 +375,22 @@ def test_a_pretrained_tokenizer_numbered_other_than_0_to_n_is_refused_before_tok
         f"tokenizer.path {path}: {problem}; a model needs one token for each id from 0 up, so give a tokenizer whose "
         "vocabulary is numbered so (as tokenizers and transformers save them)"
     )
+
+
+def test_a_path_that_is_no_file_says_what_it_is(tmp_path):
+    """A pipe, a link that loops, a link to nothing: each said as what it is, not as missing."""
+    pipe, loop, dangling = tmp_path / "pipe.txt", tmp_path / "loop.txt", tmp_path / "gone.txt"
+    os.mkfifo(pipe)
+    loop.symlink_to(tmp_path / "loop2.txt")
+    (tmp_path / "loop2.txt").symlink_to(loop)
+    dangling.symlink_to(tmp_path / "deleted.txt")
+    assert refused_preparation(tmp_path, path=str(pipe)).startswith(
+        f"data.path {pipe} is not a regular file (a pipe, a device or a socket"
+    )
+    assert refused_preparation(tmp_path, path=str(loop)) == (
+        f"data.path {loop} is a symbolic link that leads round in a loop; give a file, a folder or a glob"
+    )
+    assert refused_preparation(tmp_path, path=str(dangling)) == (
+        f"data.path {dangling} is a symbolic link to {tmp_path / 'deleted.txt'}, which does not exist; give a file, "
+        "a folder or a glob"
+    )
