@@ -705,15 +705,21 @@ class Launch:
         except (*USER_ERRORS, CommandLineError) as err:
             raise CommandLineError(f"the sweep {folder} cannot continue as it was started: {err}") from None
         numbered = "hydra.sweep.subdir" not in again.hydra and not any("glob(" in o for o in again.user)
-        jobs = [RunFolder(folder / str(n)) for n in range(len(sweep_combinations(again.user, limit=math.inf)))]
-        if numbered and all(job.is_finished() for job in jobs) and requeued:  # stopped as it ended
+        wanted = len(sweep_combinations(again.user, limit=math.inf))
+        if numbered:
+            jobs = [RunFolder(folder / str(n)) for n in range(wanted)]
+        else:  # folders named by hydra.sweep.subdir: the runs found under the sweep, when there are as many
+            found = [RunFolder(p.parent) for p in sorted(folder.rglob("config.yaml")) if p.parent.name != ".hydra"]
+            found = [job for job in found if job.holds_run()]
+            jobs = found if len(found) == wanted and not any("glob(" in o for o in again.user) else []
+        if jobs and all(job.is_finished() for job in jobs) and requeued:  # stopped as it ended
             summarize(folder)
             summary = folder / "summary.csv"
             self.shown = (
                 f"this job was restarted by its scheduler, and every job of its sweep had finished: {summary}\n"
             )
             return self.args
-        if numbered and all(job.is_finished() for job in jobs):
+        if jobs and all(job.is_finished() for job in jobs):
             raise CommandLineError(
                 f"every job of the sweep {folder} finished (its summary: {folder / 'summary.csv'}); to train "
                 f"one further, continue it alone: {continue_command(folder / 'N')} trainer.max_steps=..."

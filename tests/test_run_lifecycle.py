@@ -890,3 +890,18 @@ def test_a_requeued_slurm_job_continues_its_run(small_text, reference, tmp_path,
     assert json.loads((run / "result.json").read_text())["finished"]
     assert_bit_equal(run / "checkpoints" / "last.ckpt", reference / "checkpoints" / "last.ckpt")
     assert not list(run.rglob("hpc_ckpt*"))  # Lightning's own requeue is off
+
+
+@pytest.mark.slow
+def test_a_finished_sweep_with_named_job_folders_is_finished_too(small_text, tmp_path):
+    """With hydra.sweep.subdir naming each job's folder, -m resume= of a sweep whose every job finished
+    is refused as a numbered one is, rather than starting a sweep that trains nothing."""
+    subdir = "hydra.sweep.subdir=lr${optim.lr}"
+    proc = run_script("train.py", "-m", *run_args(small_text), "optim.lr=1e-3,2e-3", subdir, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (sweep,) = tmp_path.glob("multirun/*/*")
+    assert sorted(p.name for p in sweep.iterdir() if p.is_dir() and not p.name.startswith(".")) == [
+        "lr0.001",
+        "lr0.002",
+    ]
+    assert train.check_command_line(["-m", f"resume={sweep}"]).startswith(f"every job of the sweep {sweep} finished")
