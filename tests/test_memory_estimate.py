@@ -3,67 +3,60 @@ real step takes (a run refused for it could not have trained), and not far below
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 
 import pytest
+import torch
 
 from model import GPT, GPTConfig
 from training.memory import check_fits, free_memory, parameter_count, step_memory
 
-from .common import ROOT, TINY_OVERRIDES, one_error_line, run_script
-
-MEASURE = """
-import json, resource, sys, torch
-from model import GPT, GPTConfig
-config = GPTConfig(**json.loads(sys.argv[1]))
-torch.manual_seed(0)
-model = GPT(config)
-optimizer = torch.optim.AdamW(model.parameters(), fused=True)
-x = torch.randint(0, config.vocab_size, (int(sys.argv[2]), config.block_size))
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-for _ in range(2):
-    model(x, x)[1].backward()
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024)
-"""
+from .common import TINY_OVERRIDES, one_error_line, run_script
 
 
-def measured_step(shape: dict, batch: int) -> int:
-    """What two training steps at this batch add to a fresh process's peak memory, in bytes (a process
-    of its own for each batch: in one process, the allocator would hand the larger batch what the
-    smaller one freed)."""
-    proc = subprocess.run(
-        [sys.executable, "-c", MEASURE, json.dumps(shape), str(batch)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return int(proc.stdout)
+def saved_for_backward(model: GPT, batch: int) -> tuple[int, int]:
+    """The bytes a forward pass keeps for the backward pass (parameters aside), counted by torch's own
+    saved-tensor hook, each storage once: (by the blocks and embeddings, by the loss over the logits)."""
+    config = model.config
+    x = torch.randint(0, config.vocab_size, (batch, config.block_size), generator=torch.Generator().manual_seed(0))
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: dict[int, int] = {}
+    logits: set[int] = set()
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in params:
+            seen[storage.data_ptr()] = storage.nbytes()
+            if tensor.dim() and tensor.size(-1) == config.vocab_size:
+                logits.add(storage.data_ptr())
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        model(x, x)
+    by_logits = sum(seen[p] for p in logits)
+    return sum(seen.values()) - by_logits, by_logits
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(
     "shape",
     [
         dict(n_layer=4, n_head=4, n_embd=128, block_size=32, vocab_size=1024),  # the default run's model
         dict(n_layer=2, n_head=4, n_embd=128, block_size=128, vocab_size=65, attention="explicit"),
+        dict(n_layer=2, n_head=2, n_embd=256, block_size=64, vocab_size=4096),
     ],
 )
-def test_the_estimate_of_the_activations_is_below_a_real_steps_and_close_to_it(shape):
-    """What a batch 4 times larger adds to a real step's peak (measured on this machine's torch)
-    against what the estimate says it adds: at least that, and less than twice as much."""
-    small, large = 64, 256
-    config = GPTConfig(**shape)
-    estimated = step_memory(config, large).activations - step_memory(config, small).activations
-    added = measured_step(shape, large) - measured_step(shape, small)
-    assert estimated <= added < 2 * estimated
+def test_the_estimate_of_the_activations_is_what_the_model_keeps_for_its_backward_pass(shape):
+    """Measured on the model itself (deterministic, unlike a process's memory on a busy machine): what its
+    blocks keep for the backward pass is at least the estimate's share for them and not far above it;
+    the loss keeps one float per vocabulary entry and token (its log-softmax), of the estimate's three
+    (with the logits and their gradient, alive with it when the backward pass starts)."""
+    config, batch = GPTConfig(**shape), 16
+    blocks, by_logits = saved_for_backward(GPT(config), batch)
+    tokens = batch * config.block_size
+    logits_share = 4 * 3 * config.vocab_size * tokens
+    estimated_blocks = step_memory(config, batch).activations - logits_share
+    assert estimated_blocks <= blocks < 1.5 * estimated_blocks
+    assert by_logits == logits_share // 3
 
 
 def test_the_parameter_count_is_the_models():
