@@ -56,10 +56,25 @@ class DamagedCheckpoint(CheckpointError):
 
     def __init__(self, path: Path, detail: str = ""):
         self.path, self.detail = path, detail
-        super().__init__(
-            f"cannot read checkpoint {path}{f' ({detail})' if detail else ''}: it is truncated or corrupted; "
-            "use an earlier or a fresh copy"
+        others = sibling_checkpoints(path)
+        instead = (
+            f"use another checkpoint of its run, e.g. {others[-1]}" if others else "use an earlier or a fresh copy"
         )
+        super().__init__(
+            f"cannot read checkpoint {path}{f' ({detail})' if detail else ''}: it is truncated or corrupted; {instead}"
+        )
+
+
+def sibling_checkpoints(path: Path) -> list[Path]:
+    """The other checkpoints of the run a checkpoint file is in (its checkpoints/ folder), oldest first."""
+    if Path(path).parent.name != CHECKPOINTS_DIR:
+        return []
+    try:
+        me = Path(path).resolve()
+        others = [f for f in Path(path).parent.glob("*.ckpt") if f.is_file() and f.resolve() != me]
+        return sorted(others, key=lambda f: (f.stat().st_mtime, f.name))
+    except OSError:
+        return []
 
 
 @dataclass

@@ -692,3 +692,16 @@ def test_a_folder_of_another_project_with_a_config_json_is_said_not_to_be_a_gpt2
         f"error: {project} is not a GPT-2 model tinygpt2 can load: it names no model_type, nor a GPT-2 shape "
         "(n_layer, n_head, n_embd): it is not a GPT-2 config"
     )
+
+
+def test_a_damaged_checkpoint_of_a_run_names_another_checkpoint_of_it(tiny_run, tmp_path, capsys):
+    """--ckpt RUN reads best.ckpt: damaged, the line names the run's newest other checkpoint to use."""
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    last = run / "checkpoints" / "last.ckpt"
+    best = flipped_copy(last, run / "checkpoints" / "best.ckpt", "/data/0")
+    assert generate.main(["--ckpt", str(run), "--prompt", "RO"]) == 1
+    assert one_error_line(capsys.readouterr().err) == (
+        f"error: cannot read checkpoint {best} (last/data/0 does not match its checksum): it is truncated or corrupted; "
+        f"use another checkpoint of its run, e.g. {last}"
+    )
