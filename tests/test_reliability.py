@@ -96,6 +96,32 @@ def test_killed_run_resumes_bit_for_bit(failpoint, reference, small_text, tmp_pa
     assert (run / ".hydra" / "config.yaml").is_file() and list((run / ".hydra").glob("resume-*"))
 
 
+def loss_curve(checkpoint: Path) -> dict:
+    """The loss curve's history a checkpoint carries (what loss.png is drawn from after a resume)."""
+    state = torch.load(checkpoint, weights_only=False)["callbacks"]
+    (curve,) = [value for key, value in state.items() if key.startswith("LossCurve")]
+    return curve
+
+
+@pytest.mark.parametrize("failpoint", ["kill_val:5", "kill:6"])  # during the step-5 validation; after step 6
+def test_a_checkpoint_at_a_validation_step_holds_that_validation(failpoint, reference, small_text, tmp_path):
+    """A step checkpoint on a step that validates is written after the validation: a run killed during
+    it resumes from the step before (and validates at step 5 again), one killed after resumes from it; either way
+    each validation is logged once and the loss curve has every point, as an uninterrupted run's."""
+    runs_root = tmp_path / "outputs"
+    every_step = args_for(small_text, "checkpoint.every_n_steps=1")
+    killed = run_script("train.py", *every_step, f"runs_root={runs_root}", failpoint=failpoint)
+    assert killed.returncode == -signal.SIGKILL
+    run = only_run(runs_root)
+    assert (run / "checkpoints" / "step-000005.ckpt").is_file() == (failpoint == "kill:6")
+    resumed = run_script("train.py", *every_step, f"runs_root={runs_root}", "resume=auto")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert validations(run) == validations(reference) and sample_steps(run) == sample_steps(reference)
+    assert train_losses(run) == train_losses(reference)
+    assert loss_curve(run / "checkpoints" / "last.ckpt") == loss_curve(reference / "checkpoints" / "last.ckpt")
+    assert len(loss_curve(run / "checkpoints" / "step-000005.ckpt")["val"]) == 1  # written after its validation
+
+
 def test_a_finished_run_trained_further_and_killed_at_its_new_end_is_finished_by_resume(small_text, tmp_path):
     """A finished run given more steps is unfinished again until its new end is recorded: killed after
     its new last checkpoint, resume= and resume=auto still find it and end it."""

@@ -164,22 +164,23 @@ class PeriodicCheckpoints(L.Callback):
     """Saves `step-NNNNNN.ckpt` every `every_n_steps` optimizer steps and at the end, points
     `last.ckpt` at the newest, and deletes all but the newest `keep`."""
 
-    def __init__(self, folder: RunFolder, every_n_steps: int, keep: int):
+    def __init__(self, folder: RunFolder, every_n_steps: int, keep: int, validate_every: int | None = None):
         self.folder, self.every_n_steps, self.keep = folder, every_n_steps, keep
-        self.saved_step = -1
-        self.at_end = False
+        self.validate_every = validate_every  # steps between validations (None: by time, or never)
+        self.saved_step, self.saved_validated = -1, False  # the step last written, and whether after its validation
+        self.after_validation: int | None = None  # a step whose file waits for the step's validation
         self.stopped_at: int | None = None  # the step a signal stopped the run at (see GracefulStop)
 
     def save(self, trainer: L.Trainer) -> Path:
         """Checkpoint the current state (every process must call this; rank 0 writes)."""
         step = trainer.global_step
         path = self.folder.step_checkpoint(step)
-        # at the end, the step's file (written before the step's validation) is written again after it
-        validated_since = self.at_end and self.stopped_at is None and trainer.lightning_module.validated_step == step
-        if self.saved_step == step and not validated_since:
+        # the step's file, written before the step's validation, is written again after it
+        validated = trainer.lightning_module.validated_step == step
+        if self.saved_step == step and (self.saved_validated or not validated):
             return path
         trainer.save_checkpoint(path, weights_only=False)  # the whole state: weights, optimizer, loops
-        self.saved_step = step
+        self.saved_step, self.saved_validated = step, validated
         if trainer.is_global_zero:
             link_last(self.folder.last, path)
             self.prune()
@@ -200,12 +201,24 @@ class PeriodicCheckpoints(L.Callback):
         if failpoints.active("kill", step) and step != self.saved_step:
             failpoints.kill_now()
         if step > 0 and step % self.every_n_steps == 0 and step != self.saved_step:
+            if self.validate_every and step % self.validate_every == 0:
+                # the step validates next: its file holds the state after that, so that a run continued
+                # from it neither skips that validation nor lacks it in its logs and loss curve
+                self.after_validation = step
+            else:
+                self.save(trainer)
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if trainer.sanity_checking or trainer.state.fn != "fit":
+            return
+        step = trainer.global_step
+        if self.after_validation == step or self.saved_step == step:  # (validated by time: written before it)
+            self.after_validation = None
             self.save(trainer)
 
     def on_train_end(self, trainer, pl_module) -> None:
         # the final state, whatever the step, after the final validation (written again if the step's
         # file was written before it), so that a run stopped before its end is recorded is only ended
-        self.at_end = True
         self.save(trainer)
         if failpoints.active("kill_end", trainer.global_step):
             failpoints.kill_now()

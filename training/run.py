@@ -254,7 +254,9 @@ def build_data(settings: RunSettings) -> TextDataModule:
 def build_checkpointing(settings: RunSettings, folder: RunFolder) -> tuple[GracefulStop, ModelCheckpoint]:
     """Periodic step checkpoints (and the one a signal asks for), and best.ckpt."""
     every = settings.values["checkpoint"]
-    graceful = GracefulStop(PeriodicCheckpoints(folder, every["every_n_steps"], every["keep"]))
+    validate = settings.values["trainer"].get("val_check_interval")
+    validate_every = validate if isinstance(validate, int) and not isinstance(validate, bool) else None
+    graceful = GracefulStop(PeriodicCheckpoints(folder, every["every_n_steps"], every["keep"], validate_every))
     best = ModelCheckpoint(
         dirpath=folder.checkpoints,
         filename=folder.best.stem,
