@@ -332,6 +332,10 @@ BAD_SETTINGS = [
     (["logger=[csv,bogus]"], "logger=bogus is not a choice; choose one of: csv, none, tensorboard, wandb"),
     (["optim.lr=1e-3,2e-3"], "optim.lr=1e-3,2e-3 gives several values: to train one run for each, add -m"),
     (["~model.n_layer"], "model.n_layer is missing, and a run needs it"),
+    (["~samples.seed"], "samples.seed is missing, and a run needs it"),  # each was a traceback after the folder
+    (["~tokenizer.vocab_size"], "tokenizer.vocab_size is missing, and a run needs it"),
+    (["~data.val_fraction"], "data.val_fraction is missing, and a run needs it"),
+    (["samples.max_new_tokens=2147483647"], "samples.max_new_tokens must be at most 10000, got 2147483647"),
     (["~optim.lrr"], "~optim.lrr: unknown setting 'optim.lrr' (did you mean optim.lr?); check the spelling"),
     # Lightning settings that would end a run without a step, or train past its schedule without validating
     (["trainer.max_epochs=0"], "trainer.max_epochs must be at least 1 (or -1 for no limit), got 0"),

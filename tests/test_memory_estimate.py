@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from model import GPT, GPTConfig
-from training.memory import check_fits, free_memory, parameter_count, step_memory
+from training.memory import check_fits, free_memory, parameter_count, step_memory, tight_fit
 
 from .common import TINY_OVERRIDES, one_error_line, run_script
 
@@ -87,6 +87,15 @@ def test_what_does_not_fit_is_said_with_its_parts_and_the_way_out():
     fits16 = step_memory(config, 20_000, "bf16-mixed").total
     assert check_fits(config, 20_000, "bf16-mixed", "adamw", 1, fits16) is None
     assert check_fits(config, 20_000, "32-true", "adamw", 1, fits16) is not None
+    # 64-bit doubles the weights and the activations; bf16-true halves both
+    assert step_memory(config, 64, "64-true") == tuple(2 * n for n in step_memory(config, 64))
+    assert step_memory(config, 64, "bf16-true") == tuple(n // 2 for n in step_memory(config, 64))
+    # what fits by the estimate and not by the most a step was measured above it: a warning
+    need = step_memory(config, 20_000).total
+    assert tight_fit(config, 20_000, "32-true", "adamw", 1, int(need * 1.2)).startswith(
+        "a training step of this model at data.batch_size=20000 needs at least"
+    )
+    assert tight_fit(config, 20_000, "32-true", "adamw", 1, need * 2) is None
     big = GPTConfig(n_layer=48, n_head=25, n_embd=1600, block_size=1024, vocab_size=50257)
     assert check_fits(big, 1, "32-true", "adamw", 1, 8 * 2**30).endswith("; choose a smaller model")
 

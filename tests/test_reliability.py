@@ -10,8 +10,11 @@ from __future__ import annotations
 import csv
 import json
 import os
+import resource
+import shlex
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -19,6 +22,7 @@ import pytest
 import torch
 
 from .common import (
+    ROOT,
     TINY_OVERRIDES,
     assert_bit_equal,
     checkpoint_weights,
@@ -395,3 +399,31 @@ def test_a_sweep_records_its_diverged_jobs_and_goes_on_and_fails_when_none_finis
     rows = list(csv.DictReader(open(sweep / "summary.csv")))  # both jobs ran, each recorded with its error
     assert [(r["optim.lr"], r["best"]) for r in rows] == [("0.001", ""), ("0.002", "")]
     assert all(r["finished"].startswith("training diverged: 3 steps in a row") for r in rows)
+
+
+def test_a_file_of_the_run_that_cannot_be_written_while_training_ends_in_one_line_that_says_how_to_go_on(
+    small_text, tmp_path
+):
+    """A disk that fills (here: a file-size limit, which fails a write as a full disk does) while the run
+    trains, writing a checkpoint or a tracker's file: one line naming what failed and the command that
+    goes on (not a tracker's traceback), and that command, run with room, ends the run."""
+
+    def limit() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (150_000, 150_000))  # the tokens fit, a checkpoint does not
+
+    run = tmp_path / "run"
+    env = {**os.environ, "TINYGPT2_CACHE": str(tmp_path / "cache")}
+    args = ["train.py", *args_for(small_text), f"hydra.run.dir={run}"]
+    proc = start_script(*args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=limit)
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 1
+    assert "Traceback" not in err
+    line = err.strip().splitlines()[-1]  # (after Lightning's lines of the run's start)
+    assert line.startswith("error: a file reached the size limit: writing ") and " failed while training; " in line
+    command = line.split("Raise the file-size limit (ulimit -f), then start it again: ", 1)[1]
+    assert command.startswith(f"python {ROOT / 'train.py'} ")  # no checkpoint was written: the run starts again
+    words = shlex.split(command)
+    again = subprocess.run([sys.executable, *words[1:]], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr[-2000:]
+    (result,) = [r for r in tmp_path.rglob("result.json") if json.loads(r.read_text())["finished"]]  # a new run

@@ -303,7 +303,7 @@ SPEC: dict[str, Any] = {
     "checkpoint.keep": STEPS,
     "samples.enabled": Flag(),
     "samples.prompts": ListOf(Text(), optional=True),
-    "samples.max_new_tokens": STEPS,
+    "samples.max_new_tokens": Number(whole=True, min=1, max=10_000),  # at every validation: longer with generate.py
     "samples.temperature": Number(min=0),
     "samples.top_k": Number(whole=True, min=1, optional=True),
     "samples.seed": SEED,
@@ -404,6 +404,10 @@ REQUIRED = (
     "checkpoint.every_n_steps",
     "checkpoint.keep",
     "samples.enabled",
+    "samples.max_new_tokens",
+    "samples.temperature",
+    "samples.top_k",
+    "samples.seed",
     "optim.lr",
     "optim.weight_decay",
     "optim.betas",
@@ -419,6 +423,7 @@ REQUIRED = (
     "data.source",
     "data.batch_size",
     "data.cache_dir",
+    "data.val_fraction",
     "trainer.max_steps",
     "trainer.max_time",
     "trainer.strategy",
@@ -430,7 +435,8 @@ REQUIRED = (
 def check_values(values: dict[str, Any]) -> dict[str, Any]:
     """Check every setting of a composed config (a plain dict, interpolations resolved); returns a copy
     with whole numbers given as 1e3 or 5.0 made ints."""
-    missing = [key for key in REQUIRED if lookup(values, key) is ABSENT]
+    needed = [*REQUIRED, *(["tokenizer.vocab_size"] if lookup(values, "tokenizer.kind") == "bpe" else [])]
+    missing = [key for key in needed if lookup(values, key) is ABSENT]
     if missing:
         raise SettingError(
             f"{missing[0]} is missing, and a run needs it; give it a value ({missing[0]}=...) instead of removing it"

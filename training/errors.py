@@ -16,6 +16,10 @@ class CheckpointSaveError(RuntimeError):
     """A checkpoint could not be written; the message says what is intact and what to do."""
 
 
+class RunWriteError(CheckpointSaveError):
+    """A run's file (a log, a tracker's, a picture) could not be written: a full disk, a read-only one."""
+
+
 class TrackerError(RuntimeError):
     """A tracker (wandb) could not start the run's log; nothing was trained."""
 

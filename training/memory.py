@@ -14,8 +14,9 @@ of what a step must hold at the least, so that a run refused for it could not ha
 
 The blocks' share is checked against what the model keeps for its backward pass, counted by torch's
 saved-tensor hooks (tests/test_memory_estimate.py); the peak memory of whole training steps, measured
-on a CPU (a process's maxrss at batches 64 and 256), grew by 1.1-1.4 times the estimate. Half the
-activations under a 16-bit precision.
+on a CPU (a process's maxrss at batches 64 and 256), grew by 1.1-1.4 times the estimate: a run whose
+estimate fits in the memory free, but not 1.4 times it, is warned. Half the activations under a 16-bit
+precision (and the weights too, with bf16-true); twice both with 64-bit.
 """
 
 from __future__ import annotations
@@ -45,6 +46,17 @@ def parameter_count(config: GPTConfig) -> int:
     return config.vocab_size * C + config.block_size * C + L * per_block + 2 * C
 
 
+def float_bytes(precision: str) -> tuple[int, int]:
+    """(bytes of a weight, bytes of an activation) under a Lightning precision: 64-bit doubles both,
+    16-bit "true" halves both, mixed 16-bit halves the activations only."""
+    precision = str(precision)
+    if precision.startswith("64"):
+        return 8, 8
+    if "16" in precision:
+        return (2, 2) if precision.endswith("true") else (4, 2)
+    return 4, 4
+
+
 def step_memory(
     config: GPTConfig, micro_batch: int, precision: str = "32-true", optimizer: str = "adamw"
 ) -> StepMemory:
@@ -52,11 +64,9 @@ def step_memory(
     C, L, T, V = config.n_embd, config.n_layer, config.block_size, config.vocab_size
     attention_weights = config.n_head * T if config.attention == "explicit" else 0
     floats_per_token = L * (14 * C + attention_weights) + 3 * V
-    activations = 4 * floats_per_token * micro_batch * T
-    if "16" in str(precision):
-        activations //= 2
+    weight, activation = float_bytes(precision)
     moments = 2 if optimizer == "adamw" else 1
-    return StepMemory(activations, 4 * (2 + moments) * parameter_count(config))
+    return StepMemory(activation * floats_per_token * micro_batch * T, weight * (2 + moments) * parameter_count(config))
 
 
 def free_memory(meminfo: str | None = None, cgroup: Path = Path("/sys/fs/cgroup")) -> int | None:
@@ -111,6 +121,26 @@ def check_fits(
 
 def size(n: int) -> str:
     return f"{n / GiB:.1f} GiB" if n >= GiB else f"{n / 2**20:.0f} MiB"
+
+
+MEASURED_OVER_ESTIMATE = 1.4  # the most a whole step's peak was measured above the estimate
+
+
+def tight_fit(
+    config: GPTConfig, micro_batch: int, precision: str, optimizer: str, processes: int, free: int | None
+) -> str | None:
+    """A warning for a run that may fit and may not: its estimate fits in `free`, and the most it was
+    measured above the estimate does not."""
+    if free is None:
+        return None
+    need = step_memory(config, micro_batch, precision, optimizer).total * processes
+    if need <= free < need * MEASURED_OVER_ESTIMATE:
+        return (
+            f"a training step of this model at data.batch_size={micro_batch} needs at least {size(need)}, and up to "
+            f"about {size(int(need * MEASURED_OVER_ESTIMATE))}, of the {size(free)} this machine has free; if the run "
+            "is killed with no message, use a smaller data.batch_size (with tokens_per_step set to keep the global batch)"
+        )
+    return None
 
 
 def process_count_here(world_size: int, num_nodes: int) -> int:

@@ -3,6 +3,7 @@ them, fit, and record the result in its run folder (training.run_folder). Hydra 
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import warnings
@@ -22,7 +23,7 @@ from data.datamodule import TextDataModule, batches_for, tokens_per_char
 from .callbacks import LossCurve, ProgressBar, TextSamples, Throughput, ValidateAtEnd
 from .checkpointing import AtomicCheckpointIO, GracefulStop, PeriodicCheckpoints
 from .ctrl_c import block_for_children, unblock_ctrl_c
-from .errors import USER_ERRORS, TrackerError, TrainingDiverged
+from .errors import USER_ERRORS, RunWriteError, TrackerError, TrainingDiverged
 from .init_from import Start
 from .loggers import build_loggers, finish_loggers
 from .module import GPTModule
@@ -186,6 +187,18 @@ def fit(
         if settings.resume_step == settings.max_steps and module.validated_step != settings.max_steps:
             # stopped after its last step, before its final validation: fit had no step to train
             trainer.validate(module, datamodule=data, verbose=False)
+    except Exception as err:
+        if (cannot := unwritable(err)) is None:
+            raise
+        fix = WRITE_FIXES[cannot.errno]
+        if folder.has_checkpoint():
+            then = f"the checkpoints in {folder.checkpoints} are as they were last written. {fix}, then continue with "
+            then += f"`{folder.continue_command()}`"
+        else:
+            then = f"the run has no checkpoint yet. {fix}, then start it again{folder.start_again() or ''}"
+        raise RunWriteError(
+            f"{cannot}: writing {cannot.filename or 'a file of the run'} failed while training; {then}"
+        ) from None
     finally:
         unblock_ctrl_c()  # (where training never started: see block_for_children)
         finish_loggers(loggers)
@@ -202,6 +215,32 @@ def fit(
         prompt=sample_prompts(settings.values)[0],
         fallback=settings.tokens.fallback,
     )
+
+
+WRITE_FIXES = {
+    errno.ENOSPC: "Free some space",
+    errno.EDQUOT: "Free some space (or raise the quota)",
+    errno.EROFS: "Make the run folder writable again",
+    errno.EFBIG: "Raise the file-size limit (ulimit -f)",
+}
+
+
+class Unwritable(OSError):
+    def __str__(self) -> str:
+        said = {errno.EROFS: "the file system is read-only", errno.EFBIG: "a file reached the size limit"}
+        return said.get(self.errno, "the disk is full")
+
+
+def unwritable(err: BaseException) -> Unwritable | None:
+    """The write that failed for want of space or of a writable disk, in err or what caused it (a
+    tracker's own error wraps the OSError of its files)."""
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, OSError) and err.errno in WRITE_FIXES:
+            return Unwritable(err.errno, err.strerror, err.filename)
+        err = err.__cause__ or err.__context__
+    return None
 
 
 def start_loggers(loggers: list, saved: dict) -> None:

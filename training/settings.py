@@ -43,7 +43,7 @@ from .checks import (
     time_budget_seconds,
 )
 from .init_from import Start, kept_tokenizer, model_keys_in, start_from
-from .memory import check_fits, process_count_here, this_machine_free
+from .memory import check_fits, process_count_here, this_machine_free, tight_fit
 from .run_folder import SETTINGS_MARK as PREPARED
 from .run_folder import RunFolder, process_rank, step_of
 
@@ -506,7 +506,7 @@ def check_memory(values: dict[str, Any], model: GPTConfig, world_size: int) -> N
     if not on_cpu(str(trainer.get("accelerator", "auto")), Machine.this()):
         return
     nodes = trainer.get("num_nodes") or 1
-    problem = check_fits(
+    shape = (
         model,
         values["data"]["batch_size"],
         trainer["precision"],
@@ -514,8 +514,10 @@ def check_memory(values: dict[str, Any], model: GPTConfig, world_size: int) -> N
         process_count_here(world_size, nodes if isinstance(nodes, int) else 1),
         this_machine_free(),
     )
-    if problem:
+    if problem := check_fits(*shape):
         raise SettingError(problem)
+    if (tight := tight_fit(*shape)) and process_rank() == 0:
+        log.warning(tight)
 
 
 def final_model(model: dict[str, Any], tokenizer_vocab: int) -> GPTConfig:
