@@ -212,6 +212,11 @@ def test_a_contradicting_setting_beside_resume_is_refused(small_text, tmp_path):
     }
     for overrides, message in contradicting.items():
         assert message in train.check_command_line([f"resume={run}", *overrides.split()]), overrides
+    # of a run's list of loggers, one left out: refused too, not trained on without it
+    listed = stopped_run(small_text, tmp_path, "kill:7", "logger=[tensorboard,csv]", root=tmp_path / "listed")
+    assert train.check_command_line([f"resume={listed}", "logger=csv"]).startswith(
+        f"logger=csv contradicts the run being resumed ({listed}), whose logger is [tensorboard,csv]"
+    )
     # the same trackers, one of their settings changed: that setting is named, not the choice
     saved, requested = (
         {"logger": {"wandb": {"name": "orig"}, "csv": {}}},

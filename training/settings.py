@@ -543,6 +543,8 @@ def continue_values(
     line. A named setting that contradicts the saved run is refused, naming both values."""
     values = copy.deepcopy(saved)
     named = list(named)
+    if any(key.split(".")[0] == "logger" for key in named):  # a list of loggers: one the run has may be left out
+        named += [key for key in expand(["logger"], saved) if key not in named]
     for key in named:
         if key.split(".")[0] in LAUNCH_KEYS:
             continue
