@@ -229,7 +229,7 @@ def model_card(loaded: Loaded, name: str) -> str:
     metrics = (result.get("metrics") or {}) if final else {}
     loss, bpc = metrics.get("val/loss"), metrics.get("val/bpc")
     start = settings.get("init_from")
-    trained = f"Fine-tuned with tinygpt2 from {start}" if start else "Trained with tinygpt2"
+    trained = f"Fine-tuned with tinygpt2 from {last_part(start)}" if start else "Trained with tinygpt2"
     if data:
         shakespeare = data.get("source") == "shakespeare" and not data.get("path")
         trained += f" on {'Tiny Shakespeare' if shakespeare else last_part(data.get('path') or data.get('name')) or data.get('source')}"

@@ -175,8 +175,9 @@ class PeriodicCheckpoints(L.Callback):
         """Checkpoint the current state (every process must call this; rank 0 writes)."""
         step = trainer.global_step
         path = self.folder.step_checkpoint(step)
-        # the step's file, written before the step's validation, is written again after it
-        validated = trainer.lightning_module.validated_step == step
+        # the step's file, written before the step's validation, is written again after it (not after a
+        # stop: the validation a stop lets finish is not part of the state a continued run starts from)
+        validated = self.stopped_at is None and trainer.lightning_module.validated_step == step
         if self.saved_step == step and (self.saved_validated or not validated):
             return path
         trainer.save_checkpoint(path, weights_only=False)  # the whole state: weights, optimizer, loops

@@ -188,8 +188,8 @@ def fit(
             # stopped after its last step, before its final validation: fit had no step to train
             trainer.validate(module, datamodule=data, verbose=False)
     except Exception as err:
-        if (cannot := unwritable(err)) is None:
-            raise
+        if isinstance(err, USER_ERRORS) or (cannot := unwritable(err)) is None:
+            raise  # (a checkpoint that could not be saved says so itself)
         fix = WRITE_FIXES[cannot.errno]
         if folder.has_checkpoint():
             then = f"the checkpoints in {folder.checkpoints} are as they were last written. {fix}, then continue with "
@@ -239,7 +239,7 @@ def unwritable(err: BaseException) -> Unwritable | None:
         seen.add(id(err))
         if isinstance(err, OSError) and err.errno in WRITE_FIXES:
             return Unwritable(err.errno, err.strerror, err.filename)
-        err = err.__cause__ or err.__context__
+        err = err.__cause__ or (None if err.__suppress_context__ else err.__context__)
     return None
 
 
