@@ -42,7 +42,7 @@ from data.sources import check_files
 from generation.checkpoint import CheckpointError, read_header
 from training.checks import ABSENT, SettingError, check_writable, lookup, trainer_parameters
 from training.ctrl_c import WATCH, unblock_ctrl_c
-from training.errors import USER_ERRORS, CheckpointSaveError
+from training.errors import USER_ERRORS, CheckpointSaveError, TrainingDiverged
 from training.run_folder import (
     SWEEP_RECORD,
     SWEEPS_ROOT,
@@ -1068,6 +1068,14 @@ def main(cfg: DictConfig) -> float | None:
         hold_ctrl_c()  # Hydra's code again, until the next job (or the end)
 
 
+def to_log_file(message: str) -> None:
+    """A line for the run's train.log alone, at error level (the console has it from sys.exit)."""
+    record = log.makeRecord(log.name, logging.ERROR, __file__, 0, message, (), None)
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(record)
+
+
 def without_trailing_newline(record: logging.LogRecord) -> bool:
     record.msg = str(record.msg).rstrip("\n")  # a formatted warning ends in one
     return True
@@ -1166,12 +1174,16 @@ def run_job(cfg: DictConfig) -> float | None:
                 run_dir / hydra_cfg.output_subdir, ignore_errors=True
             )  # a refused resume leaves its run as it was
         if not multirun or isinstance(err, CheckpointSaveError):  # a full disk stops a sweep too
+            if isinstance(err, TrainingDiverged):
+                to_log_file(f"error: {err}")  # the run's own log says how it ended
             sys.exit(f"error: {err}")
         log.error("error: %s", err)  # one job of a sweep: recorded, and the sweep goes on
         if isinstance(err, RunFolderError) or requested.get("resume"):  # a folder this job could not have, or
             return math.inf  # a stopped job of a sweep that could not continue: whatever is there stays
-        run_dir.mkdir(parents=True, exist_ok=True)
-        RunFolder(run_dir).write_result(result_record(RunFolder(run_dir), overrides, requested, {}, False, str(err)))
+        folder = RunFolder(run_dir)
+        if not folder.result_file.is_file():  # (a job that diverged has recorded how)
+            run_dir.mkdir(parents=True, exist_ok=True)
+            folder.write_result(result_record(folder, overrides, requested, {}, False, str(err)))
         return math.inf
     if process_rank() != 0:
         return result.metrics.get("val/bpc")

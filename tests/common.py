@@ -7,6 +7,7 @@ import csv
 import functools
 import os
 import re
+import shlex
 import struct
 import subprocess
 import sys
@@ -134,6 +135,20 @@ def script_environment(env: dict | None, failpoint: str | None) -> dict:
     if env is None:
         env = {key: value for key, value in os.environ.items() if key != "TINYGPT2_FAILPOINT"}
     return {**env, "TINYGPT2_FAILPOINT": failpoint} if failpoint else dict(env)
+
+
+def run_printed(command: str, cwd: Path) -> subprocess.CompletedProcess:
+    """A command a script printed, run verbatim from cwd ("python" being this interpreter)."""
+    words = shlex.split(command)
+    assert words[0] == "python"
+    return subprocess.run(
+        [sys.executable, *words[1:]],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=script_environment(None, None),
+    )
 
 
 def run_script(

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from .common import (
     ROOT,
@@ -28,6 +29,7 @@ from .common import (
     checkpoint_weights,
     flipped_copy,
     only_run,
+    run_printed,
     run_script,
     sample_steps,
     start_script,
@@ -299,12 +301,29 @@ def test_too_many_nonfinite_losses_stop_the_run_and_keep_the_last_good_checkpoin
     )
     assert proc.returncode != 0
     last_line = proc.stderr.strip().splitlines()[-1]
-    assert last_line.startswith("error: training diverged: 3 steps in a row (up to step 7)")
-    assert last_line.endswith(f"; the last good weights are in {run / 'checkpoints' / 'step-000006.ckpt'}")
+    assert last_line.startswith("error: training diverged: 3 steps in a row (up to step 7) had a non-finite loss; ")
+    assert f"; the last good weights are in {run / 'checkpoints' / 'step-000006.ckpt'}. " in last_line
+    assert last_line.endswith(" (or raise optim.max_nonfinite_in_a_row to wait longer)")
     assert "Traceback" not in proc.stderr
     good = run / "checkpoints" / "step-000004.ckpt"
     assert all(torch.isfinite(t).all() for t in checkpoint_weights(good).values())
     assert_bit_equal(run / "checkpoints" / "step-000006.ckpt", good)  # the skipped steps changed nothing
+    # the run's own record says how it ended, as a finished run's does
+    assert (run / "train.log").read_text().rstrip().splitlines()[-1].endswith(last_line)
+    result = json.loads((run / "result.json").read_text())
+    assert result["finished"] is False and last_line == f"error: {result['error']}"
+
+    # the command it prints starts the run again, in a folder of its own, at half the learning rate
+    command = last_line.split("Start it again with a lower learning rate: ")[1].removesuffix(
+        " (or raise optim.max_nonfinite_in_a_row to wait longer)"
+    )
+    assert command.endswith(" optim.lr=0.0015") and "hydra.run.dir" not in command
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    again = run_printed(command, fresh)
+    assert again.returncode == 0, again.stderr[-2000:]
+    (started,) = (fresh / "outputs").glob("*/*/config.yaml")
+    assert yaml.safe_load(started.read_text())["optim"]["lr"] == 0.0015
 
 
 def test_a_run_that_diverges_before_its_first_checkpoint_says_there_is_none(small_text, tmp_path):
@@ -314,7 +333,7 @@ def test_a_run_that_diverges_before_its_first_checkpoint_says_there_is_none(smal
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     last_line = proc.stderr.strip().splitlines()[-1]
     assert last_line.startswith("error: training diverged: ") and "steps in a row" in last_line
-    assert last_line.endswith(f"; no checkpoint was written before it (the run's log: {run / 'train.log'})")
+    assert f"; no checkpoint was written before it (the run's log: {run / 'train.log'}). Start it again" in last_line
     assert (run / "train.log").is_file() and not list(run.rglob("*.ckpt"))
 
 
@@ -342,7 +361,8 @@ def test_weights_that_are_no_longer_finite_are_never_checkpointed(small_text, tm
     assert last_line.startswith(
         "error: training diverged: at step 5 the weights are no longer finite (transformer.wte.weight)"
     )
-    assert last_line.endswith(f"; the last good weights are in {run / 'checkpoints' / 'step-000004.ckpt'}")
+    assert f"; the last good weights are in {run / 'checkpoints' / 'step-000004.ckpt'}. Start it again" in last_line
+    assert last_line.endswith(" (or clip the gradients harder than trainer.gradient_clip_val=1.0)")
     saved = sorted((run / "checkpoints").glob("*.ckpt"))
     assert [p.name for p in saved] == ["last.ckpt", "step-000002.ckpt", "step-000004.ckpt"]
     for checkpoint in saved:

@@ -7,11 +7,9 @@ from __future__ import annotations
 import csv
 import json
 import os
-import shlex
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -31,10 +29,10 @@ from .common import (
     assert_bit_equal,
     compose_config,
     one_error_line,
+    run_printed,
     run_script,
     runs_under,
     sample_steps,
-    script_environment,
     snapshot,
     start_script,
     train_losses,
@@ -42,20 +40,6 @@ from .common import (
 )
 
 pytestmark = pytest.mark.slow
-
-
-def run_printed(command: str, cwd: Path) -> subprocess.CompletedProcess:
-    """A command a script printed, run verbatim from cwd ("python" being this interpreter)."""
-    words = shlex.split(command)
-    assert words[0] == "python"
-    return subprocess.run(
-        [sys.executable, *words[1:]],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=script_environment(None, None),
-    )
 
 
 # A run of a real (tiny) size: model, optimizer, length and logger all differ from the defaults.

@@ -25,7 +25,13 @@ class TrackerError(RuntimeError):
 
 
 class TrainingDiverged(RuntimeError):
-    """Training cannot go on: too many non-finite losses in a row, or weights no longer finite."""
+    """Training cannot go on: too many non-finite losses in a row, or weights no longer finite. The
+    message says what happened; `instead` is a remedy other than a lower learning rate (training.run
+    adds what is left of the run and the command that starts it again)."""
+
+    def __init__(self, message: str, instead: str = "") -> None:
+        super().__init__(message)
+        self.instead = instead
 
 
 USER_ERRORS = (

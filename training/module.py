@@ -314,8 +314,8 @@ class GPTModule(L.LightningModule):
             self.log_train("train/skipped_steps", float(skipped))
         if longest >= self.max_nonfinite_in_a_row:
             raise TrainingDiverged(
-                f"training diverged: {longest} steps in a row (up to step {step}) had a non-finite "
-                f"loss; lower optim.lr, or raise optim.max_nonfinite_in_a_row to wait longer"
+                f"training diverged: {longest} steps in a row (up to step {step}) had a non-finite loss",
+                instead="raise optim.max_nonfinite_in_a_row to wait longer",
             )
 
     # ---- checkpoints -----------------------------------------------------------------------------
@@ -327,9 +327,13 @@ class GPTModule(L.LightningModule):
                 self.send_train_values()  # logged before the checkpoint of their step exists
         bad = self.nonfinite_parameter()
         if bad is not None:  # never a checkpoint of broken weights: the ones written so far stay the newest
+            clip = self.trainer.gradient_clip_val
             raise TrainingDiverged(
                 f"training diverged: at step {self.trainer.global_step} the weights are no longer finite ({bad}), and no "
-                "checkpoint was written from them; lower optim.lr, or set trainer.gradient_clip_val"
+                "checkpoint was written from them",
+                instead=f"clip the gradients harder than trainer.gradient_clip_val={clip}"
+                if clip
+                else "clip the gradients: trainer.gradient_clip_val=1.0",
             )
         checkpoint.update(describe_model(self.model.config, self.tokenizer_json, self.run_config))
         checkpoint["rng_states"] = rng_states()

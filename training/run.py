@@ -94,14 +94,12 @@ def train(
         if main_process:
             record(folder, settings, result, list(overrides))
         return result
-    except TrainingDiverged as err:  # what is left of the run, which the module cannot see
-        newest = folder.checkpoint_to_resume()
-        left = (
-            f"the last good weights are in {newest}"
-            if newest
-            else f"no checkpoint was written before it (the run's log: {folder.log})"
-        )
-        raise TrainingDiverged(f"{err}; {left}") from None
+    except TrainingDiverged as err:
+        diverged = TrainingDiverged(after_divergence(err, folder, settings))
+        if main_process:  # the run's record says how it ended, as a finished or stopped run's does
+            ended = RunResult(folder.path, None, None, finished=False)
+            record(folder, settings, ended, list(overrides), error=str(diverged))
+        raise diverged from None
     except TrackerError:
         if taken is not None and checkpoint is None:
             taken.take_back()  # it stopped before training: a new run leaves nothing behind
@@ -135,12 +133,30 @@ def save_settings(folder: RunFolder, settings: RunSettings) -> None:
     folder.tokenizer_file.write_text(settings.tokenizer_json, encoding="utf-8")
 
 
-def record(folder: RunFolder, settings: RunSettings, result: RunResult, overrides: list[str]) -> None:
-    """result.json, with the command line the run started with (and a resume's own beside it); the
-    summary of the sweep the run is a job of; the latest link."""
+def after_divergence(err: TrainingDiverged, folder: RunFolder, settings: RunSettings) -> str:
+    """What a diverged run's error says besides what the module saw: what is left of the run, and the
+    command that starts it again with half its learning rate (a resumed run keeps its own)."""
+    newest = folder.checkpoint_to_resume()
+    left = (
+        f"the last good weights are in {newest}"
+        if newest
+        else f"no checkpoint was written before it (the run's log: {folder.log})"
+    )
+    lower = f"optim.lr={settings.values['optim']['lr'] / 2:g}"
+    command = None if folder.sweep() else folder.new_run_command(lower)
+    again = f"Start it again with a lower learning rate: {command}" if command else f"Lower the learning rate ({lower})"
+    instead = f" (or {err.instead})" if err.instead else ""
+    return f"{err}; {left}. {again}{instead}"
+
+
+def record(
+    folder: RunFolder, settings: RunSettings, result: RunResult, overrides: list[str], error: str | None = None
+) -> None:
+    """result.json, with the command line the run started with (and a resume's own beside it) and the
+    error that ended it, if one did; the summary of the sweep the run is a job of; the latest link."""
     first = folder.first_overrides() if settings.resume_from else None
     entry = result_record(
-        folder, first if first is not None else overrides, settings.saved(), result.metrics, result.finished
+        folder, first if first is not None else overrides, settings.saved(), result.metrics, result.finished, error
     )
     if settings.resume_from:
         entry["resumed_with"] = overrides

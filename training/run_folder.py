@@ -301,6 +301,17 @@ class RunFolder:
             return ""
         return f": python {script('train.py')} {shlex.join(overrides)}".rstrip()
 
+    def new_run_command(self, *changes: str) -> str | None:
+        """The command line this run was started with, to start it as a new run: with `changes`
+        (key=value) in place of its own values, without its hydra.run.dir (which holds this run) or a
+        resume=; None where Hydra's record of it is missing."""
+        overrides = self.first_overrides()
+        if overrides is None:
+            return None
+        replaced = {"hydra.run.dir", "resume", *(change.partition("=")[0] for change in changes)}
+        kept = [o for o in overrides if o.partition("=")[0].lstrip("+~") not in replaced]
+        return f"python {script('train.py')} {shlex.join([*kept, *changes])}"
+
     # ---- the lock ----------------------------------------------------------------------------------
 
     def lock(self) -> None:
