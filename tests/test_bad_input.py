@@ -97,6 +97,12 @@ README_ROWS = {
         ["trainer.accelerator=gpu"],
         "trainer.accelerator=gpu: this machine has no CUDA GPU; use trainer.accelerator=cpu or auto",
     ),
+    "`trainer.num_nodes=2` with no launcher": (
+        ["trainer.num_nodes=2"],
+        "trainer.num_nodes=2 trains on 2 machines, but nothing started this process as one of them: run the same "
+        "command on each machine under torchrun --nnodes or srun (README: More than one device or machine), or set "
+        "NODE_RANK, MASTER_ADDR and MASTER_PORT on each; on one machine, leave trainer.num_nodes at 1",
+    ),
 }
 
 
@@ -154,6 +160,11 @@ BAD_SETTINGS = [
         "trainer.precision must be a Lightning precision such as 32-true, bf16-mixed or 16-mixed, got [32]",
     ),
     (["trainer.strategy=dpp"], "trainer settings: You selected an invalid strategy name"),
+    # several machines asked for in a process no launcher started as one of them: it would wait for ever
+    (
+        ["trainer.num_nodes=2", "trainer.strategy=ddp", "trainer.devices=2"],
+        "run the same command on each machine under torchrun --nnodes or srun",
+    ),
     (["trainer.profiler=fancy"], "trainer settings: When passing string value for the `profiler` parameter"),
     (
         ["trainer.reload_dataloaders_every_n_epochs=few"],

@@ -702,4 +702,19 @@ def probe_trainer(trainer_args: dict[str, Any], strategy: Any, precision: str) -
         raise SettingError(f"trainer settings: {(str(err).strip().splitlines() or [type(err).__name__])[0]}") from None
     finally:
         quiet.setLevel(level)
+    check_nodes(trainer)
     return trainer.world_size
+
+
+def check_nodes(trainer: Any) -> None:
+    """trainer.num_nodes above 1 in a process no launcher told which machine it is (torchrun, SLURM, or
+    NODE_RANK by hand) would wait for the other machines' processes for ever: refused."""
+    environment = getattr(trainer.strategy, "cluster_environment", None)
+    told = {"NODE_RANK", "GROUP_RANK"} & os.environ.keys()
+    if trainer.num_nodes > 1 and type(environment).__name__ == "LightningEnvironment" and not told:
+        raise SettingError(
+            f"trainer.num_nodes={trainer.num_nodes} trains on {trainer.num_nodes} machines, but nothing started this "
+            "process as one of them: run the same command on each machine under torchrun --nnodes or srun "
+            "(README: More than one device or machine), or set NODE_RANK, MASTER_ADDR and MASTER_PORT on each; "
+            "on one machine, leave trainer.num_nodes at 1"
+        )
