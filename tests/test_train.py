@@ -185,6 +185,11 @@ def test_validation_every_n_steps_counts_optimizer_steps_under_gradient_accumula
     overrides = [*TINY_OVERRIDES, f"data.path={small_text}", "tokens_per_step=512", "trainer.val_check_interval=3"]
     train(compose_config(*overrides), tmp_path / "run")
     assert list(validations(tmp_path / "run")) == [2, 5]  # after steps 3 and 6, as Lightning numbers them
+    # training values once a step, after it (step N is row N - 1); the first micro-batch of step 1,
+    # which only accumulates, logs nothing
+    rows = list(csv.DictReader(open(tmp_path / "run" / "metrics.csv")))
+    trained = [(int(r["step"]), float(r["train/tokens_seen"])) for r in rows if r["train/tokens_seen"]]
+    assert trained == [(step - 1, step * 512.0) for step in range(1, 7)]
 
 
 EXPERIMENTS = {  # each README recipe, cut short: what is added to it, and the shape it must train

@@ -30,6 +30,8 @@ def logging_step(trainer, step_done: bool = False) -> bool:
     steps, and at the last. Values of other steps are not computed. `step_done`: called after the
     optimizer step (global_step already counts it)."""
     step = trainer.global_step if step_done else trainer.global_step + 1
+    if step_done and step == getattr(trainer.lightning_module, "batch_start_step", None):
+        return False  # a micro-batch that only accumulated gradients: its step is not done yet
     return step % trainer.log_every_n_steps == 0 or trainer.should_stop or 0 < trainer.max_steps <= step
 
 
@@ -84,6 +86,7 @@ class GPTModule(L.LightningModule):
         self.latest_val_values: dict[str, float] = {}  # the last validation's, and the step it followed
         self.validated_step = -1
         self.logged_step = -1
+        self.batch_start_step: int | None = None  # global_step as the batch under way began
         self.max_steps = max_steps
         self.val_tokens_per_char = val_tokens_per_char
         self.tokenizer_json = tokenizer_json
@@ -127,6 +130,7 @@ class GPTModule(L.LightningModule):
         # own, _batches_that_stepped, which it restores on resume and then advances by one or not
         # depending on where in its loop the checkpoint was written; it counts the steps done
         self.trainer.fit_loop.epoch_loop._batches_that_stepped = self.trainer.global_step
+        self.batch_start_step = self.trainer.global_step  # see logging_step
 
     def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
         trainer = self.trainer
