@@ -192,6 +192,27 @@ def test_validation_every_n_steps_counts_optimizer_steps_under_gradient_accumula
     assert trained == [(step - 1, step * 512.0) for step in range(1, 7)]
 
 
+def test_a_run_that_its_time_limit_ends_logs_its_last_step(small_text, tmp_path):
+    """The step a time limit ends is known to be the last only once it is done: its training values are
+    logged and recorded all the same (tokens seen, loss), not those of the last logging step before."""
+    overrides = [
+        *TINY_OVERRIDES,
+        f"data.path={small_text}",
+        "trainer.max_steps=-1",
+        "trainer.max_time=00:00:00:02",
+        "trainer.log_every_n_steps=1000",
+        "trainer.val_check_interval=1000",
+    ]
+    result = train(compose_config(*overrides), tmp_path / "run")
+    steps = result.step
+    assert steps > 1 and steps % 1000 != 0
+    rows = list(csv.DictReader(open(tmp_path / "run" / "metrics.csv")))
+    trained = [(int(r["step"]), float(r["train/tokens_seen"])) for r in rows if r["train/tokens_seen"]]
+    assert trained[-1] == (steps - 1, steps * 256.0)
+    recorded = json.loads((tmp_path / "run" / "result.json").read_text())["metrics"]
+    assert recorded["train/tokens_seen"] == steps * 256.0 and math.isfinite(recorded["train/loss"])
+
+
 EXPERIMENTS = {  # each README recipe, cut short: what is added to it, and the shape it must train
     "shakespeare_75s": (["trainer.max_time=00:00:00:03"], (2, 4, 128, 32)),
     "shakespeare_char_cpu": (["trainer.max_steps=3", "trainer.limit_val_batches=2"], (4, 4, 128, 64)),

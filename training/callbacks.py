@@ -21,7 +21,7 @@ from tokenizers import Tokenizer
 from generation.session import Sampling, Session
 
 from .flops import device_peak_flops, flops_per_token, record_cpu_rate
-from .module import logging_step
+from .module import logging_step, step_finished
 from .run_folder import write_atomically
 
 log = logging.getLogger(__name__)
@@ -49,7 +49,7 @@ class Throughput(L.Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self.times.append(time.perf_counter())
         self.tokens.append(batch[0].numel() * self.world_size)
-        if not logging_step(trainer, step_done=True):
+        if not step_finished(trainer):
             return
         pl_module.log_train("train/tokens_seen", float(trainer.global_step * self.tokens_per_step))
         if len(self.times) < 2:

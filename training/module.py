@@ -27,12 +27,27 @@ log = logging.getLogger(__name__)
 
 def logging_step(trainer, step_done: bool = False) -> bool:
     """Whether this optimizer step's training values go to the loggers: every trainer.log_every_n_steps
-    steps, and at the last. Values of other steps are not computed. `step_done`: called after the
-    optimizer step (global_step already counts it)."""
+    steps, and at the last (one a time limit or a stop ends is known to be the last only once it is
+    done). `step_done`: called after the batch (global_step counts the step if it is done)."""
     step = trainer.global_step if step_done else trainer.global_step + 1
-    if step_done and step == getattr(trainer.lightning_module, "batch_start_step", None):
-        return False  # a micro-batch that only accumulated gradients: its step is not done yet
-    return step % trainer.log_every_n_steps == 0 or trainer.should_stop or 0 < trainer.max_steps <= step
+    if step_done and not step_finished(trainer):
+        return False
+    return step % trainer.log_every_n_steps == 0 or 0 < trainer.max_steps <= step or run_ends(trainer)
+
+
+def run_ends(trainer) -> bool:
+    """Whether the run ends after this step (its time limit, or a stop on no improvement), not stopped
+    by a signal to go on later (GracefulStop, whose stopped_at is then set): a stopped run logs what an
+    uninterrupted one would, so that the resumed run's history is the same."""
+    if not trainer.should_stop:
+        return False
+    return all(getattr(callback, "stopped_at", None) is None for callback in trainer.callbacks)
+
+
+def step_finished(trainer) -> bool:
+    """Whether the batch that just ended finished an optimizer step: under gradient accumulation the
+    others only add to the gradients."""
+    return trainer.global_step != getattr(trainer.lightning_module, "batch_start_step", None)
 
 
 class GPTModule(L.LightningModule):
@@ -81,7 +96,7 @@ class GPTModule(L.LightningModule):
         self.parameters_list: list[torch.nn.Parameter] | None = None
         self.sharded = False  # whether configure_model sharded the model (trainer.strategy=fsdp)
         self.train_values: dict[str, Any] = {}  # this step's values for the loggers (see log_train)
-        self.step_losses: list[torch.Tensor] = []  # the losses of a logged step's micro-batches
+        self.step_losses: list[torch.Tensor] = []  # the losses of this step's micro-batches
         self.latest_train_values: dict[str, float] = {}  # the last ones sent: the progress bar's, the result's
         self.latest_val_values: dict[str, float] = {}  # the last validation's, and the step it followed
         self.validated_step = -1
@@ -117,12 +132,13 @@ class GPTModule(L.LightningModule):
             loss = loss * float("nan")
         if failpoints.once("sigint", self.trainer.global_step + 1):
             failpoints.interrupt_now()
-        if logging_step(self.trainer):
-            self.step_losses.append(loss.detach())  # each micro-batch's: the step's loss is their mean
+        self.step_losses.append(loss.detach())  # each micro-batch's: the step's loss is their mean
         return loss
 
     def log_train(self, name: str, value: float | torch.Tensor) -> None:
-        """Keeps a training value of this step; on_train_batch_end sends them to the loggers together."""
+        """Keeps a training value of this step; on_train_batch_end sends them to the loggers together on
+        a logging step. Every step keeps its values (a tensor kept costs no wait for the device), as a
+        run that a time limit or a stop ends is known to end only once its last step is done."""
         self.train_values[name] = value
 
     def on_train_batch_start(self, batch, batch_idx) -> None:
@@ -130,7 +146,10 @@ class GPTModule(L.LightningModule):
         # own, _batches_that_stepped, which it restores on resume and then advances by one or not
         # depending on where in its loop the checkpoint was written; it counts the steps done
         self.trainer.fit_loop.epoch_loop._batches_that_stepped = self.trainer.global_step
-        self.batch_start_step = self.trainer.global_step  # see logging_step
+        if self.trainer.global_step != self.batch_start_step:  # a new optimizer step: the last one's values
+            self.train_values.clear()  # were sent, or were not to be
+            self.step_losses.clear()
+        self.batch_start_step = self.trainer.global_step  # see step_finished
 
     def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
         trainer = self.trainer
@@ -241,8 +260,7 @@ class GPTModule(L.LightningModule):
         return (lambda: timers[0].time_elapsed("train")) if timers else None
 
     def on_before_optimizer_step(self, optimizer) -> None:
-        if logging_step(self.trainer):
-            self.log_train("train/lr", optimizer.param_groups[0]["lr"])
+        self.log_train("train/lr", optimizer.param_groups[0]["lr"])
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
         """Clip by global norm and log the norm before clipping (one norm computation for both).
@@ -283,8 +301,7 @@ class GPTModule(L.LightningModule):
             super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
         elif gradient_clip_val:
             torch.nn.utils.clip_grads_with_norm_(params, gradient_clip_val, norm)  # a skipped step's: no matter
-        if logging_step(self.trainer):
-            self.log_train("train/grad_norm", norm)
+        self.log_train("train/grad_norm", norm)
 
     def count_nonfinite(self, finite: torch.Tensor) -> None:
         """Counts this step on the device: updates skipped, non-finite steps in a row, and the longest
