@@ -31,7 +31,7 @@ import shutil
 import sys
 from datetime import datetime
 from pathlib import Path
-from typing import NamedTuple, NoReturn
+from typing import Any, NamedTuple, NoReturn
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -126,6 +126,15 @@ class Composer:
         except Exception:
             return {}
 
+    def value_of(self, key: str, overrides: list[str]) -> Any:
+        """key's value in the config overrides compose (unresolved); ABSENT where it has no such key."""
+        from hydra import compose
+
+        try:
+            return lookup(OmegaConf.to_container(compose("train", overrides), resolve=False), key)
+        except Exception:
+            return ABSENT
+
     def check_added(self, overrides: list[str]) -> None:
         """+data.split=train adds a setting the chosen data has not (data=hub has it), which nothing would
         read: refused as the same setting without + is."""
@@ -186,7 +195,10 @@ class Composer:
             unknown = (cause is not None and "not in struct" in str(cause)) or str(err).startswith("Could not override")
             if absent or unknown:
                 key = absent.group(1) if absent else str(err).split("'")[1]
-                chosen = self.choices([o for o in overrides if o.lstrip("+~").split("=")[0] != key])
+                others = [o for o in overrides if o.lstrip("+~").split("=")[0] != key]
+                if absent and self.value_of(key, others) is None:  # Hydra cannot delete a null value
+                    raise CommandLineError(f"~{key}: {key} is already unset (null): leave ~{key} out") from None
+                chosen = self.choices(others)
                 said = unknown_setting(key, self.defaults, overrides, chosen)
                 raise CommandLineError(f"~{key}: {said}" if absent else said) from None
             raise CommandLineError(str(err).splitlines()[0]) from None

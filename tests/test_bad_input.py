@@ -160,6 +160,10 @@ BAD_SETTINGS = [
         "trainer.precision must be a Lightning precision such as 32-true, bf16-mixed or 16-mixed, got [32]",
     ),
     (["trainer.strategy=dpp"], "trainer settings: You selected an invalid strategy name"),
+    # removing a setting that is already unset, which Hydra cannot delete, is not an unknown setting
+    (["~init_from"], "~init_from: init_from is already unset (null): leave ~init_from out"),
+    (["~trainer.max_time"], "~trainer.max_time: trainer.max_time is already unset (null): leave ~trainer.max_time out"),
+    (["~trainer.max_tim"], "~trainer.max_tim: unknown setting 'trainer.max_tim' (did you mean trainer.max_time?)"),
     # several machines asked for in a process no launcher started as one of them: it would wait for ever
     (
         ["trainer.num_nodes=2", "trainer.strategy=ddp", "trainer.devices=2"],
