@@ -42,7 +42,7 @@ from data.sources import check_files
 from generation.checkpoint import CheckpointError, read_header
 from training.checks import ABSENT, SettingError, check_writable, lookup, trainer_parameters
 from training.ctrl_c import WATCH, unblock_ctrl_c
-from training.errors import USER_ERRORS, CheckpointSaveError, TrainingDiverged
+from training.errors import USER_ERRORS, RunWriteError, TrainingDiverged
 from training.run_folder import (
     SWEEP_RECORD,
     SWEEPS_ROOT,
@@ -1185,7 +1185,7 @@ def run_job(cfg: DictConfig) -> float | None:
             shutil.rmtree(
                 run_dir / hydra_cfg.output_subdir, ignore_errors=True
             )  # a refused resume leaves its run as it was
-        if not multirun or isinstance(err, CheckpointSaveError):  # a full disk stops a sweep too
+        if not multirun or isinstance(err, RunWriteError):  # a full disk stops a sweep too
             if isinstance(err, TrainingDiverged):
                 to_log_file(f"error: {err}")  # the run's own log says how it ended
             sys.exit(f"error: {err}")

@@ -25,7 +25,6 @@ where; the staging folder stays only if the next run can go on from it.
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import logging
@@ -40,6 +39,7 @@ import numpy as np
 from filelock import FileLock, Timeout
 
 from .errors import DataError
+from .writes import RefusedWrite, refused_write
 
 log = logging.getLogger(__name__)
 
@@ -193,9 +193,9 @@ def build_cache(root: str | os.PathLike, key: str, build: Callable[[Path], dict[
                 shutil.rmtree(staging, ignore_errors=True)
                 raise
             except OSError as err:
-                if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+                if (refused := refused_write(err)) is None:
                     raise
-                raise disk_full(staging, err) from None
+                raise disk_full(staging, refused) from None
         for leftover in staging.iterdir():  # work files of the build; the entry keeps only its own
             if leftover.name not in ENTRY_FILES:
                 shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
@@ -259,23 +259,23 @@ def remove_if_empty(folders: list[Path]) -> None:
             return
 
 
-def disk_full(staging: Path, err: OSError) -> DataError:
-    """The error for a disk that filled while staging was written: it stays if it holds finished work
-    (the tokenizer, written whole or not at all, and any finished shards: the next run goes on from
-    them), else it goes."""
+def disk_full(staging: Path, err: RefusedWrite) -> DataError:
+    """The error for a disk that filled (or became read-only, or a file that reached the size limit)
+    while staging was written: it stays if it holds finished work (the tokenizer, written whole or not
+    at all, and any finished shards: the next run goes on from them), else it goes."""
     where = err.filename or staging
     if (staging / "tokenizer.json").is_file():
         size = sum(f.stat().st_size for f in staging.rglob("*") if f.is_file())
         kept = (
-            f"the partial entry {staging} ({size / 2**20:.1f} MB) is kept: the next run goes on from it once there "
-            "is space (delete it to get the space back)"
+            f"the partial entry {staging} ({size / 2**20:.1f} MB) is kept: the next run goes on from it once it "
+            "can be written (delete it to get the space back)"
         )
     else:
         shutil.rmtree(staging, ignore_errors=True)
         kept = "nothing of it is kept"
+    fix = err.fix[0].upper() + err.fix[1:]
     return DataError(
-        f"the disk is full: writing the token cache at {where} failed; {kept}. "
-        "Free some space, or set data.cache_dir to a disk with room"
+        f"{err}: writing the token cache at {where} failed; {kept}. {fix}, or set data.cache_dir to a disk with room"
     )
 
 

@@ -4,11 +4,11 @@ disk, a quota, a device error) is said in one line naming the place, and leaves 
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
-import re
 import sys
 from pathlib import Path
+
+from data.writes import refused_write
 
 
 class OutputError(Exception):
@@ -19,15 +19,15 @@ def reason(err: BaseException) -> str:
     """The system's reason for a failed write: OSError's, or the one safetensors quotes ("... (os error 28)")."""
     if isinstance(err, OSError) and err.strerror:
         return err.strerror
-    code = re.search(r"os error (\d+)", str(err))
-    return os.strerror(int(code.group(1))) if code else (str(err).strip().splitlines() or [type(err).__name__])[0]
+    if (refused := refused_write(err)) is not None:
+        return refused.strerror
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]
 
 
 def cannot_write(what: str | Path, err: BaseException, instead: str = "choose another place") -> str:
     """One line for a write the system refused: what, why, and what to do."""
-    full = isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT)
-    full = full or f"os error {errno.ENOSPC})" in str(err)  # safetensors' ENOSPC
-    return f"cannot write {what}: {reason(err)}; {'free some space or ' if full else ''}{instead}"
+    refused = refused_write(err)
+    return f"cannot write {what}: {reason(err)}; {f'{refused.fix} or ' if refused else ''}{instead}"
 
 
 @contextlib.contextmanager

@@ -508,7 +508,7 @@ def test_export_to_a_full_disk_leaves_nothing_and_keeps_an_earlier_export(tiny_r
         )
         assert proc.returncode == 1 and proc.stdout == ""
         assert one_error_line(proc.stderr) == (
-            f"error: cannot write --out {out}: File too large; choose another place; nothing was written"
+            f"error: cannot write --out {out}: File too large; raise the file-size limit (ulimit -f) or choose another place; nothing was written"
         )
     # its files as they were (the folder's own time changes: the export was staged in it, then removed)
     assert snapshot(earlier, itself=False) == before
@@ -527,7 +527,7 @@ def test_attention_png_on_a_full_disk_keeps_the_earlier_picture(tiny_run, tmp_pa
         assert proc.returncode == 1 and proc.stdout.startswith("ROMEO:")  # the sample was printed before
         assert "Traceback" not in proc.stderr
         assert proc.stderr.strip().splitlines()[-1] == (
-            f"error: cannot write --attention-png {target}: File too large; choose another place (nothing was written)"
+            f"error: cannot write --attention-png {target}: File too large; raise the file-size limit (ulimit -f) or choose another place (nothing was written)"
         )
     assert png.read_bytes() == drawn
     assert sorted(p.name for p in tmp_path.iterdir()) == ["attention.png"]  # no partial file, no folder made

@@ -6,6 +6,7 @@ import json
 import multiprocessing
 import os
 import re
+import resource
 import signal
 import subprocess
 import sys
@@ -264,6 +265,36 @@ def test_train_py_rebuilds_a_truncated_entry_and_trains_on_all_of_it(tmp_path, s
     assert len(damaged) == 1 and f"entry {entry.parent} is damaged: train.bin holds 1,000 bytes" in damaged[0]
     counted = [re.search(r"([\d,]+) training and", out.stdout + out.stderr).group(1) for out in (first, second)]
     assert counted[0] == counted[1]
+
+
+@pytest.mark.slow
+def test_a_file_size_limit_while_writing_the_cache_is_one_line_and_the_run_starts_with_room(tmp_path, full_text):
+    """ulimit -f (a shared machine's limit) fails the cache's write as a full disk does: one line with
+    its fix, no traceback, no run folder; with the limit raised the same command trains."""
+
+    def limit() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))  # below the text's 2 MB of token ids
+
+    env = {**os.environ, "TINYGPT2_CACHE": str(tmp_path / "cache")}
+    args = [
+        "train.py",
+        *TINY_OVERRIDES,
+        f"data.path={full_text}",
+        "trainer.max_steps=3",
+        "trainer.val_check_interval=3",
+    ]
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / args[0]), *args[1:]],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600, preexec_fn=limit,
+    )  # fmt: skip
+    assert proc.returncode == 1
+    line = one_error_line(proc.stderr)
+    assert line.startswith("error: a file reached the size limit: writing the token cache at ")
+    assert line.endswith("Raise the file-size limit (ulimit -f), or set data.cache_dir to a disk with room")
+    assert not (tmp_path / "outputs").exists()
+    again = run_script(*args, cwd=tmp_path, env=env)
+    assert again.returncode == 0, again.stderr[-2000:]
 
 
 @pytest.mark.slow

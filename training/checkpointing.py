@@ -5,7 +5,6 @@ training.run_folder's.
 
 from __future__ import annotations
 
-import errno
 import io
 import logging
 import os
@@ -21,7 +20,6 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 
 from . import failpoints
 from .ctrl_c import WATCH
-from .errors import CheckpointSaveError
 from .run_folder import RunFolder
 
 log = logging.getLogger(__name__)
@@ -66,14 +64,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             os.replace(tmp, path)
             fsync_dir(path.parent)
         except OSError as err:
-            tmp.unlink(missing_ok=True)
-            if err.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise CheckpointSaveError(
-                    f"no space left on the device while saving {path}; nothing was overwritten, the earlier "
-                    f"checkpoints in {path.parent} are intact. Free some space, then continue with "
-                    f"`{RunFolder(path.parent.parent).continue_command()}`"
-                ) from None
-            raise
+            tmp.unlink(missing_ok=True)  # nothing was overwritten: training.run says what is left, and how to go on
+            raise OSError(err.errno, err.strerror, str(path)) from None
 
 
 class FSDP2Strategy(ModelParallelStrategy):

@@ -12,12 +12,9 @@ from .checks import SettingError
 from .run_folder import RunFolderError
 
 
-class CheckpointSaveError(RuntimeError):
-    """A checkpoint could not be written; the message says what is intact and what to do."""
-
-
-class RunWriteError(CheckpointSaveError):
-    """A run's file (a log, a tracker's, a picture) could not be written: a full disk, a read-only one."""
+class RunWriteError(RuntimeError):
+    """A run's file (a checkpoint, a log, a tracker's, a picture) could not be written while it trained:
+    a full disk, a read-only one, a file-size limit. The message says what is left and how to go on."""
 
 
 class TrackerError(RuntimeError):
@@ -40,7 +37,7 @@ USER_ERRORS = (
     CheckpointError,
     SettingError,
     RunFolderError,
-    CheckpointSaveError,
+    RunWriteError,
     TrackerError,
     TrainingDiverged,
 )

@@ -3,7 +3,6 @@ them, fit, and record the result in its run folder (training.run_folder). Hydra 
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import warnings
@@ -19,6 +18,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf
 
 from data.datamodule import TextDataModule, batches_for, tokens_per_char
+from data.writes import refused_write
 
 from .callbacks import LossCurve, ProgressBar, TextSamples, Throughput, ValidateAtEnd
 from .checkpointing import AtomicCheckpointIO, GracefulStop, PeriodicCheckpoints
@@ -204,9 +204,9 @@ def fit(
             # stopped after its last step, before its final validation: fit had no step to train
             trainer.validate(module, datamodule=data, verbose=False)
     except Exception as err:
-        if isinstance(err, USER_ERRORS) or (cannot := unwritable(err)) is None:
-            raise  # (a checkpoint that could not be saved says so itself)
-        fix = WRITE_FIXES[cannot.errno]
+        if isinstance(err, USER_ERRORS) or (cannot := refused_write(err)) is None:
+            raise  # (a diverged run, a tracker that failed: said in their own words)
+        fix = cannot.fix[0].upper() + cannot.fix[1:]
         if folder.has_checkpoint():
             then = f"the checkpoints in {folder.checkpoints} are as they were last written. {fix}, then continue with "
             then += f"`{folder.continue_command()}`"
@@ -231,32 +231,6 @@ def fit(
         prompt=sample_prompts(settings.values)[0],
         fallback=settings.tokens.fallback,
     )
-
-
-WRITE_FIXES = {
-    errno.ENOSPC: "Free some space",
-    errno.EDQUOT: "Free some space (or raise the quota)",
-    errno.EROFS: "Make the run folder writable again",
-    errno.EFBIG: "Raise the file-size limit (ulimit -f)",
-}
-
-
-class Unwritable(OSError):
-    def __str__(self) -> str:
-        said = {errno.EROFS: "the file system is read-only", errno.EFBIG: "a file reached the size limit"}
-        return said.get(self.errno, "the disk is full")
-
-
-def unwritable(err: BaseException) -> Unwritable | None:
-    """The write that failed for want of space or of a writable disk, in err or what caused it (a
-    tracker's own error wraps the OSError of its files)."""
-    seen: set[int] = set()
-    while err is not None and id(err) not in seen:
-        seen.add(id(err))
-        if isinstance(err, OSError) and err.errno in WRITE_FIXES:
-            return Unwritable(err.errno, err.strerror, err.filename)
-        err = err.__cause__ or (None if err.__suppress_context__ else err.__context__)
-    return None
 
 
 def start_loggers(loggers: list, saved: dict) -> None:
