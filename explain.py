@@ -21,6 +21,7 @@ if __name__ == "__main__":  # Ctrl-C during the imports: stop at once (nothing h
 import argparse
 import json
 import math
+import re
 import sys
 import textwrap
 from dataclasses import dataclass, field
@@ -87,6 +88,10 @@ def embedding_steps(walk: Walk, model: GPT, idx: torch.Tensor, layer: int) -> to
     B, T = idx.shape
     ids = idx[0].tolist()
     listed = wrap("  ".join(f"{label}={i}" for label, i in zip(walk.labels, ids, strict=True)))
+    if any(re.search(r"\\x[0-9a-f]{2}", label) for label in walk.labels):
+        listed += wrap(
+            "(\\xNN: a byte by its number: part of a character that byte-level BPE split over tokens, or a control character)"
+        )
     walk.add(
         "idx",
         "idx",

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from tokenizers import Tokenizer
-from tokenizers.decoders import DecodeStream
+from tokenizers.decoders import ByteLevel, DecodeStream
 
 
 class StopStrings:
@@ -79,11 +79,25 @@ class TextStream:
         return out
 
 
+def byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level BPE writes each byte as one character in its vocabulary: the printable Latin-1
+    bytes as themselves, the other bytes (controls, the space, ...) as the characters from U+0100 on."""
+    kept = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    moved = [b for b in range(256) if b not in kept]
+    return {chr(b): b for b in kept} | {chr(256 + n): b for n, b in enumerate(moved)}
+
+
+BYTE_LEVEL_ALPHABET = byte_level_alphabet()
+
+
 def token_label(tokenizer: Tokenizer, token: int) -> str:
-    """A short readable label for one token: its text with spaces and line breaks made visible,
-    or its vocabulary entry when it is only part of a character."""
+    """A short readable label for one token: its text with spaces and line breaks made visible. A
+    byte-level token that holds only part of a character shows its bytes as \\xNN ("é" is "\\xc3"
+    then "\\xa9"); any other token that is no text of its own, its vocabulary entry."""
     text = tokenizer.decode([token], skip_special_tokens=False)
     if not text or "\ufffd" in text:
-        text = tokenizer.id_to_token(token) or f"<{token}>"
+        entry = tokenizer.id_to_token(token) or f"<{token}>"
+        byte_level = isinstance(tokenizer.decoder, ByteLevel) and all(c in BYTE_LEVEL_ALPHABET for c in entry)
+        text = bytes(BYTE_LEVEL_ALPHABET[c] for c in entry).decode(errors="backslashreplace") if byte_level else entry
     text = text.replace("\n", "\\n").replace("\t", "\\t").replace(" ", "\u2423")
     return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)  # \r, ESC: never sent to the terminal

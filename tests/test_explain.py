@@ -147,6 +147,17 @@ def test_a_prompt_longer_than_the_context_is_cropped_to_its_last_tokens(tiny_run
     assert document["kv_cache"]["max_diff"] < 1e-5
 
 
+def test_a_character_split_over_tokens_is_shown_as_its_bytes(tiny_run, tmp_path):
+    """Byte-level BPE cuts "é" into two tokens, each one byte of it: they are shown as those bytes, not as
+    the characters that stand for them in the vocabulary ("Ã", "©"), which the prompt never held."""
+    proc = run_script("explain.py", "--ckpt", str(tiny_run), "--prompt", "café", cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    tokens = proc.stdout.split("T = 5 tokens\n")[1].splitlines()
+    assert [token.split("=")[0] for token in tokens[0].split()] == ["c", "a", "f", "\\xc3", "\\xa9"]
+    assert "a byte by its number" in tokens[1]
+    assert "Ã" not in proc.stdout and "©" not in proc.stdout
+
+
 @pytest.mark.parametrize(
     "args, expected",
     [
