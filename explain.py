@@ -24,6 +24,7 @@ import math
 import re
 import sys
 import textwrap
+import unicodedata
 from dataclasses import dataclass, field
 
 import torch
@@ -350,8 +351,26 @@ def kv_cache_view(model: GPT, idx: torch.Tensor, layer: int, full_out: torch.Ten
 # ---- printing ----------------------------------------------------------------------------------------
 
 
+def columns(text: str) -> int:
+    """The terminal columns text takes: two for a wide character (CJK, most emoji), none for a combining mark."""
+    return sum(
+        0 if unicodedata.category(c) in ("Mn", "Me") else 2 if unicodedata.east_asian_width(c) in "WF" else 1
+        for c in text
+    )
+
+
 def short(label: str, width: int = 6) -> str:
-    return label if len(label) <= width else label[: width - 1] + "…"
+    """label in at most width columns, cut with … where it is longer."""
+    if columns(label) <= width:
+        return label
+    while columns(label) > width - 1:
+        label = label[:-1]
+    return label + "…"
+
+
+def pad(text: str, width: int) -> str:
+    """text and the spaces that fill it to width columns, so that what follows lines up."""
+    return text + " " * (width - columns(text))
 
 
 def wrap(text: str, indent: int = 4) -> list[str]:
@@ -366,9 +385,9 @@ def mask_grid(allowed: torch.Tensor, labels: list[str]) -> list[str]:
         f"the mask of the first {n} tokens (row: the token looking; column: the token looked at; "
         "✓ may attend, · set to -inf):"
     )
-    lines.append((" " * 8 + "".join(f"{name:<7}" for name in names)).rstrip())
+    lines.append((" " * 8 + "".join(pad(name, 7) for name in names)).rstrip())
     for i, name in enumerate(names):
-        lines.append((f"{name:<8}" + "".join(f"{'✓' if allowed[i, j] else '·':<7}" for j in range(n))).rstrip())
+        lines.append((pad(name, 8) + "".join(f"{'✓' if allowed[i, j] else '·':<7}" for j in range(n))).rstrip())
     return lines
 
 

@@ -8,6 +8,7 @@ clear, so a stop string is never printed, not even in part.
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Iterable
 
 from tokenizers import Tokenizer
@@ -100,4 +101,6 @@ def token_label(tokenizer: Tokenizer, token: int) -> str:
         byte_level = isinstance(tokenizer.decoder, ByteLevel) and all(c in BYTE_LEVEL_ALPHABET for c in entry)
         text = bytes(BYTE_LEVEL_ALPHABET[c] for c in entry).decode(errors="backslashreplace") if byte_level else entry
     text = text.replace("\n", "\\n").replace("\t", "\\t").replace(" ", "\u2423")
+    if text and unicodedata.category(text[0]) in ("Mn", "Me"):  # an accent alone: on a dotted circle, as
+        text = "\u25cc" + text  # character charts show one, rather than on whatever is printed before it
     return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)  # \r, ESC: never sent to the terminal

@@ -5,14 +5,17 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import unicodedata
 
 import pytest
 import torch
 
 import explain
+from data.tokenizer import train_char
 from generation.checkpoint import load_checkpoint
 
 from .common import ROOT, one_error_line, run_script
+from .tiny import untrained_gpt, write_checkpoint
 
 
 def explained(capsys, *args) -> tuple[dict, str]:
@@ -156,6 +159,34 @@ def test_a_character_split_over_tokens_is_shown_as_its_bytes(tiny_run, tmp_path)
     assert [token.split("=")[0] for token in tokens[0].split()] == ["c", "a", "f", "\\xc3", "\\xa9"]
     assert "a byte by its number" in tokens[1]
     assert "Ã" not in proc.stdout and "©" not in proc.stdout
+
+
+def test_the_mask_grid_lines_up_wide_characters_and_accents(tmp_path):
+    """A char tokenizer's tokens may be wide (日, 👋: two columns of a terminal) or an accent alone (U+0301,
+    none): the grid pads each label to its columns, so that every mark stands under its token."""
+    tokenizer = train_char(["日本語 👋 cafe\u0301 abc"])
+    run = tmp_path / "run"
+    write_checkpoint(run / "checkpoints" / "last.ckpt", untrained_gpt(vocab_size=tokenizer.get_vocab_size()), tokenizer)
+    proc = run_script("explain.py", "--ckpt", str(run), "--prompt", "日本👋e\u0301a", cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    top = next(i for i, line in enumerate(lines) if line.endswith("set to -inf):")) + 1
+    grid = [line[4:] for line in lines[top : top + 7]]  # the labels, then a row per token
+    columns = [8 + 7 * j for j in range(6)]
+    assert word_columns(grid[0]) == columns, grid
+    assert all(word_columns(row) == [0, *columns] for row in grid[1:]), grid
+    assert "◌\u0301" in grid[0]  # the accent on a dotted circle, not on the space before it
+
+
+def word_columns(line: str) -> list[int]:
+    """The terminal column where each word of line starts."""
+    starts, column, before = [], 0, " "
+    for c in line:
+        if c != " " and before == " ":
+            starts.append(column)
+        column += 0 if unicodedata.combining(c) else 2 if unicodedata.east_asian_width(c) == "W" else 1
+        before = c
+    return starts
 
 
 @pytest.mark.parametrize(
