@@ -276,6 +276,8 @@ def run(args: argparse.Namespace) -> int:
 def read_prompts():
     """Prompts typed on stdin, one a line (`\\n` in a line is a line break), until end of input
     (Ctrl-D) or Ctrl-C."""
+    if sys.stdin is None:  # started with stdin closed (`<&-`): no lines, as from an empty file
+        return
     tty = sys.stdin.isatty()
     if hasattr(sys.stdin, "reconfigure"):  # bytes that are not UTF-8 reach the prompt check, which names them
         sys.stdin.reconfigure(errors="surrogateescape")

@@ -54,10 +54,14 @@ class GuardedStdout:
         self.stream = stream
 
     def write(self, text: str) -> int:
+        if self.stream is None:  # the process started with stdout closed (`>&-`): Python leaves sys.stdout None
+            raise OutputError("cannot write the output: stdout is closed; send the output elsewhere (> FILE)")
         with self.failures_said():
             return self.stream.write(text)
 
     def flush(self) -> None:
+        if self.stream is None:
+            return
         with self.failures_said():
             self.stream.flush()
 
@@ -89,6 +93,8 @@ def silence_stdout() -> None:
     """Point stdout at the null device, so that what is still buffered has somewhere to go at exit
     (Python would print the failed flush there, and exit with status 120)."""
     stream = sys.stdout.stream if isinstance(sys.stdout, GuardedStdout) else sys.stdout
+    if stream is None:  # stdout closed from the start: nothing is buffered
+        return
     try:
         os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
     except (OSError, ValueError):  # a stream without a descriptor (a test's capture) flushes nowhere at exit

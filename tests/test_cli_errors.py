@@ -484,6 +484,26 @@ def test_output_to_a_full_device_is_one_error_line(program, tiny_run, tmp_path):
         assert sorted(p.name for p in (tmp_path / "hf").iterdir()) == sorted(export.FILES)
 
 
+@pytest.mark.parametrize("program", list(PROGRAM_ARGS))
+def test_output_with_stdout_closed_is_one_error_line(program, tiny_run, tmp_path):
+    """As `>&-` starts a program: Python has no sys.stdout at all, so nothing can be printed."""
+    proc = start_script(
+        program,
+        "--ckpt",
+        str(tiny_run),
+        *PROGRAM_ARGS[program],
+        cwd=tmp_path,
+        stderr=subprocess.PIPE,
+        preexec_fn=lambda: os.close(1),
+    )
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 1
+    line = one_error_line(err)
+    assert line.startswith("error: cannot write the output: stdout is closed; send the output elsewhere (> FILE)")
+    if program == "export.py":  # the folder was written whole before its report could not be
+        assert line.endswith(f"({tmp_path / 'hf'} is written)")
+
+
 def run_on_a_full_disk(*args: str, cwd: Path, size: int) -> subprocess.CompletedProcess:
     """A script run as run_script runs it, on a disk that takes no file over `size` bytes, as a full one
     takes none (RLIMIT_FSIZE; SIGXFSZ ignored, so that a write past it fails with EFBIG, not killing it)."""

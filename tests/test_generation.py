@@ -4,6 +4,7 @@ sliding window, the attention picture, the interactive loop and the summary."""
 from __future__ import annotations
 
 import io
+import os
 import re
 import subprocess
 import sys
@@ -306,6 +307,20 @@ def test_interactive_refuses_a_line_that_is_not_utf8_and_answers_the_next(tiny_r
     assert err[0] == "error: the prompt is not valid UTF-8: byte(s) 0xe9 at character 4; save or type it as UTF-8 text"
     assert len(err) == 2 and "tokens generated" in err[1]
     assert proc.stdout.decode().startswith("JULIET:")
+
+
+def test_interactive_with_stdin_closed_answers_the_prompt_and_ends(tiny_run, tmp_path):
+    """As `<&-` starts it: Python has no sys.stdin at all, which reads as an empty input."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "generate.py"), "--ckpt", str(tiny_run), "--interactive", "--prompt", "ROMEO:"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+        preexec_fn=lambda: os.close(0),
+    )
+    assert proc.returncode == 0 and proc.stdout.startswith("ROMEO:"), proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stderr.count("tokens generated") == 1
 
 
 def test_the_summary_starts_a_line_of_its_own_in_a_terminal(tiny_run, tmp_path):
