@@ -75,6 +75,11 @@ class GuardedStdout:
             raise OutputError(
                 cannot_write(f"the output to {stdout_name(self.stream)}", err, "send the output elsewhere")
             ) from None
+        except UnicodeEncodeError as err:  # PYTHONIOENCODING=ascii, or a locale of another encoding
+            raise OutputError(
+                f"cannot write the output to {stdout_name(self.stream)}: its encoding, {err.encoding}, has no "
+                f"{err.object[err.start]!r}; set PYTHONIOENCODING=utf-8, or use a UTF-8 locale"
+            ) from None
 
     def __getattr__(self, name: str):
         return getattr(self.stream, name)

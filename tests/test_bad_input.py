@@ -541,6 +541,7 @@ COVERED_ELSEWHERE = {
     "`--attention-png` where nothing can be written": "test_cli_errors.py::test_generate_py_attention_png_in_a_folder_that_cannot_be_written",
     "`export.py --out` where nothing can be written": "test_cli_errors.py::test_export_py_output_folder_that_cannot_be_written",
     "a full disk (`export.py --out`, `--attention-png`, stdout)": "test_cli_errors.py::test_output_to_a_full_device_is_one_error_line and the two tests after it",
+    "stdout in an encoding without the text's characters (`PYTHONIOENCODING=ascii`)": "test_cli_errors.py::test_output_in_an_encoding_without_its_characters_is_one_error_line",
     "a run whose `checkpoints/last.ckpt` link points at a deleted file": "test_cli_errors.py::test_a_run_whose_last_checkpoint_link_is_broken_says_so",
     "`--device cuda` without a GPU": "test_cli_errors.py::test_generate_py_device_cuda_without_a_gpu",
     "a missing checkpoint (`--ckpt`)": "test_cli_errors.py::test_generate_py_missing_checkpoint",

@@ -504,6 +504,20 @@ def test_output_with_stdout_closed_is_one_error_line(program, tiny_run, tmp_path
         assert line.endswith(f"({tmp_path / 'hf'} is written)")
 
 
+@pytest.mark.parametrize(
+    "program, args",
+    [("generate.py", ["--prompt", "café", "--max-new-tokens", "100000"]), ("explain.py", ["--prompt", "ROMEO:"])],
+)
+def test_output_in_an_encoding_without_its_characters_is_one_error_line(program, args, tiny_run, tmp_path):
+    """PYTHONIOENCODING=ascii (or a Latin-1 locale): é, or explain.py's ✓, cannot be written in it."""
+    env = {**os.environ, "PYTHONIOENCODING": "ascii"}
+    proc = run_script(program, "--ckpt", str(tiny_run), *args, cwd=tmp_path, env=env, timeout=300)
+    assert proc.returncode == 1
+    line = one_error_line(proc.stderr)
+    assert line.startswith("error: cannot write the output to stdout") and "its encoding, ascii, has no '\\" in line
+    assert line.endswith("; set PYTHONIOENCODING=utf-8, or use a UTF-8 locale")
+
+
 def run_on_a_full_disk(*args: str, cwd: Path, size: int) -> subprocess.CompletedProcess:
     """A script run as run_script runs it, on a disk that takes no file over `size` bytes, as a full one
     takes none (RLIMIT_FSIZE; SIGXFSZ ignored, so that a write past it fails with EFBIG, not killing it)."""
