@@ -72,10 +72,11 @@ def config_from_hf(hf_config) -> GPTConfig:
     if model_type != "gpt2":
         raise ConfigError(f"model_type is {model_type!r}; only GPT-2 models (model_type 'gpt2') can be loaded")
     n_embd = get("n_embd")
+    epsilon = number("layer_norm_epsilon", get("layer_norm_epsilon", 1e-5))
     differences = {
         "activation_function": (get("activation_function", "gelu_new") in TANH_GELUS, "gelu_new"),
         "n_inner": (get("n_inner") in (None, 4 * (n_embd or 0)), "null (4 * n_embd)"),
-        "layer_norm_epsilon": (abs(float(get("layer_norm_epsilon", 1e-5)) - 1e-5) < 1e-12, "1e-05"),
+        "layer_norm_epsilon": (abs(epsilon - 1e-5) < 1e-12, "1e-05"),
         "scale_attn_weights": (get("scale_attn_weights", True) is True, "true"),
         "scale_attn_by_inverse_layer_idx": (not get("scale_attn_by_inverse_layer_idx", False), "false"),
         "add_cross_attention": (not get("add_cross_attention", False), "false"),
@@ -90,9 +91,16 @@ def config_from_hf(hf_config) -> GPTConfig:
         n_embd=n_embd,
         block_size=get("n_positions") or get("n_ctx"),
         vocab_size=get("vocab_size"),
-        dropout=float(get("resid_pdrop", 0.0) or 0.0),
+        dropout=number("resid_pdrop", get("resid_pdrop", 0.0) or 0.0),
         bias=True,
     )
+
+
+def number(name: str, value: Any) -> float:
+    """A config.json field that must be a JSON number (not a string, a list or true/false)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{name} is {value!r}, not a number; give it a number in config.json")
+    return float(value)
 
 
 def hf_config_dict(config: GPTConfig, eot_id: int | None = None) -> dict[str, Any]:

@@ -234,6 +234,19 @@ def test_folders_tinygpt2_cannot_represent_are_refused(transformers_folder, tmp_
         load_checkpoint(folder)
 
 
+@pytest.mark.parametrize("field, value", [("layer_norm_epsilon", "1e-5x"), ("resid_pdrop", [0.1])])
+def test_a_config_json_number_of_the_wrong_type_is_refused_in_one_line(transformers_folder, tmp_path, field, value):
+    folder = tmp_path / "typo"
+    shutil.copytree(transformers_folder, folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, field: value}))
+    for command in (("export.py", "--ckpt", str(folder), "--out", "out"), ("generate.py", "--ckpt", str(folder))):
+        done = run_script(*command, cwd=tmp_path)
+        assert done.returncode == 1
+        assert f"{field} is {value!r}, not a number" in one_error_line(done.stderr)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["typo"]
+
+
 def test_untied_output_layers_are_refused():
     state = {"transformer.wte.weight": torch.zeros(4, 2), "lm_head.weight": torch.ones(4, 2)}
     with pytest.raises(ValueError, match="not tied"):
