@@ -111,6 +111,15 @@ def entries(out: Path) -> list[Path]:
     return sorted(p for p in out.iterdir() if not WORK_ENTRY.fullmatch(p.name))
 
 
+def through_links(out: Path) -> Path:
+    """--out, or the folder it names when it is a link (written through, into that folder)."""
+    try:
+        real = out.resolve()
+    except (OSError, RuntimeError):  # links that lead back to themselves (RuntimeError before Python 3.13)
+        raise ExportError(f"--out {out} goes through a loop of symbolic links; give another folder") from None
+    return real if out.is_symlink() else out
+
+
 def check_destination(out: Path, ckpt: Path, force: bool) -> None:
     """Refuse, before any work, destinations that would lose something or cannot be written."""
     if out.exists() and not out.is_dir():
@@ -449,9 +458,8 @@ def export(
 ) -> Exported:
     """Write ckpt as a Hugging Face folder at out, checked with transformers first: the folder is put in
     place whole, or nothing is written (no folder it made, no file it began)."""
-    # `--out .` has no name to stage beside; a link to a folder is written through, into the folder
-    out = Path(os.path.abspath(out.expanduser()))  # `x/..` is its parent, before anything is checked or made
-    out = out.resolve() if out.is_symlink() else out
+    # `--out .` has no name to stage beside; `x/..` is its parent, before anything is checked or made
+    out = through_links(Path(os.path.abspath(out.expanduser())))
     ckpt = ckpt.expanduser()
     check_destination(out, ckpt, force)
     check_hub_login(hub_repo)

@@ -347,6 +347,15 @@ def test_export_py_writes_into_an_empty_working_folder_and_through_a_link(tiny_r
     capsys.readouterr()
 
 
+def test_export_py_out_through_a_loop_of_links_is_refused_in_one_line(tiny_run, tmp_path):
+    (tmp_path / "a").symlink_to("b")
+    (tmp_path / "b").symlink_to("a")
+    for out in ("a", "a/hf"):
+        done = run_script("export.py", "--ckpt", str(tiny_run), "--out", out, cwd=tmp_path)
+        assert done.returncode == 1 and "loop of symbolic links" in one_error_line(done.stderr)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b"]
+
+
 def test_export_py_force_in_the_working_folder_replaces_the_files_and_keeps_the_folder(
     tiny_run, tmp_path, monkeypatch, capsys
 ):
