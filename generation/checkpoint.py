@@ -135,11 +135,17 @@ def resolve_checkpoint(path: str | Path) -> Path:
             return found
         broken = next((file for file in candidates if file.is_symlink()), None)
         if broken is not None:
-            others = sorted((f for f in broken.parent.glob("*.ckpt") if f.is_file()), key=lambda f: f.stat().st_mtime)
+            others = checkpoint_files(broken.parent)
             gone = f"{broken} is a broken link: it points at {os.readlink(broken)}, which no longer exists"
             if others:
                 raise CheckpointError(f"{gone}; name another checkpoint of the run instead, e.g. {others[-1]}")
             raise CheckpointError(f"{gone}, and the run holds no other checkpoint; use another run")
+        steps = checkpoint_files(path / CHECKPOINTS_DIR)
+        if steps:  # its links were lost on the way (a copy that skips symbolic links), or removed
+            raise CheckpointError(
+                f"{path} has no checkpoints/{BEST_NAME} or checkpoints/{LAST_NAME}, only other checkpoints; "
+                f"name one of them instead, e.g. the newest, {steps[-1]}"
+            )
         runs = [run.parent for run in (*path.glob(f"*/{CHECKPOINTS_DIR}"), *path.glob(f"*/*/{CHECKPOINTS_DIR}"))]
         if runs:  # a runs_root (outputs/) or a day of it
             newest = max(runs, key=lambda run: run.stat().st_mtime)
@@ -153,6 +159,11 @@ def resolve_checkpoint(path: str | Path) -> Path:
             f"checkpoint {path} is not a file or a folder; pass a .ckpt file, a run folder or a Hugging Face folder"
         )
     raise CheckpointError(f"checkpoint {path} does not exist; pass a .ckpt file, a run folder or a Hugging Face folder")
+
+
+def checkpoint_files(folder: Path) -> list[Path]:
+    """The .ckpt files in folder, oldest first."""
+    return sorted((f for f in folder.glob("*.ckpt") if f.is_file()), key=lambda f: f.stat().st_mtime)
 
 
 ZIP_START = b"PK\x03\x04"

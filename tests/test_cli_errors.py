@@ -206,6 +206,22 @@ def test_generate_py_missing_checkpoint(tmp_path, capsys, monkeypatch):
     assert code == 1 and "no checkpoint in" in one_error_line(err)
 
 
+def test_a_run_folder_with_only_step_files_names_the_newest_to_pass(tiny_run, tmp_path):
+    """A run copied without its links (`rsync -r`) has its step files but no last.ckpt or best.ckpt."""
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    shutil.copy(tiny_run / "checkpoints" / "last.ckpt", run / "checkpoints" / "step-000003.ckpt")
+    shutil.copy(tiny_run / "checkpoints" / "last.ckpt", run / "checkpoints" / "step-000006.ckpt")
+    os.utime(run / "checkpoints" / "step-000003.ckpt", (1, 1))
+    newest = run / "checkpoints" / "step-000006.ckpt"
+    for command in (("generate.py", "--ckpt", "run"), ("export.py", "--ckpt", "run", "--out", "hf")):
+        done = run_script(*command, cwd=tmp_path)
+        assert done.returncode == 1 and f"the newest, {newest.relative_to(tmp_path)}" in one_error_line(done.stderr)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+    done = run_script("export.py", "--ckpt", str(newest), "--out", "hf", cwd=tmp_path)  # as the line says
+    assert done.returncode == 0, done.stderr
+
+
 @pytest.mark.parametrize("program", [generate, explain, export])
 def test_no_run_to_read_is_said_alike_by_all_three(program, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)  # no outputs/latest here
