@@ -243,7 +243,9 @@ def model_card(loaded: Loaded, name: str) -> str:
         shakespeare = data.get("source") == "shakespeare" and not data.get("path")
         trained += f" on {'Tiny Shakespeare' if shakespeare else last_part(data.get('path') or data.get('name')) or data.get('source')}"
     if loaded.step:
-        trained += f" for {loaded.step} steps" + ("" if final or not max_steps else f" (of the run's {max_steps})")
+        trained += f" for {loaded.step} step{'s' if loaded.step != 1 else ''}" + (
+            "" if final or not max_steps else f" (of the run's {max_steps})"
+        )
     scores = f" Final validation loss {loss:.4f} nats per token, {bpc:.4f} bits per character." if loss and bpc else ""
     return f"""---
 library_name: transformers
