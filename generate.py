@@ -86,12 +86,17 @@ MAX_SAMPLES = 1024  # one batch: each sample has its own KV cache
 MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed takes a 64-bit integer
 
 
+def given(count: int) -> str:
+    """A count as a message quotes it: 1e100 as 1e+100, not as its hundred digits."""
+    return str(count) if abs(count) < 10**15 else f"{float(count):.3g}"
+
+
 def check_args(args: argparse.Namespace) -> None:
     if not 1 <= args.max_new_tokens <= MAX_NEW_TOKENS:
-        raise UsageError(f"--max-new-tokens must be from 1 to {MAX_NEW_TOKENS:,}, got {args.max_new_tokens}")
+        raise UsageError(f"--max-new-tokens must be from 1 to {MAX_NEW_TOKENS:,}, got {given(args.max_new_tokens)}")
     if not 1 <= args.num_samples <= MAX_SAMPLES:
         raise UsageError(
-            f"--num-samples must be from 1 to {MAX_SAMPLES} (one batch), got {args.num_samples}; "
+            f"--num-samples must be from 1 to {MAX_SAMPLES} (one batch), got {given(args.num_samples)}; "
             "for more, run again with another --seed"
         )
     if not 0 <= args.seed <= MAX_SEED - (args.num_samples - 1):

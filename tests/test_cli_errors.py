@@ -49,6 +49,7 @@ def no_start_token_run(tmp_path_factory, tiny_text) -> Path:
         (["--max-new-tokens", "0"], "--max-new-tokens must be from 1 to 1,000,000, got 0"),
         (["--max-new-tokens", "-5"], "--max-new-tokens must be from 1"),
         (["--max-new-tokens", "1000000000000"], "--max-new-tokens must be from 1 to 1,000,000"),
+        (["--max-new-tokens", "1e100"], "--max-new-tokens must be from 1 to 1,000,000, got 1e+100"),
         (["--temperature", "-0.5"], "--temperature must be 0 (greedy) or a positive number, got -0.5"),
         (["--temperature", "nan"], "--temperature must be 0 (greedy) or a positive number"),
         (["--temperature", "inf"], "--temperature must be 0 (greedy) or a positive number, got inf"),
