@@ -80,7 +80,7 @@ def config_from_hf(hf_config) -> GPTConfig:
         "scale_attn_weights": (get("scale_attn_weights", True) is True, "true"),
         "scale_attn_by_inverse_layer_idx": (not get("scale_attn_by_inverse_layer_idx", False), "false"),
         "add_cross_attention": (not get("add_cross_attention", False), "false"),
-        "tie_word_embeddings": (get("tie_word_embeddings", True) is not False, "true"),
+        "tie_word_embeddings": (get("tie_word_embeddings", True) is True, "true"),
     }
     for name, (supported, expected) in differences.items():
         if not supported:

@@ -247,6 +247,18 @@ def test_a_config_json_number_of_the_wrong_type_is_refused_in_one_line(transform
     assert sorted(p.name for p in tmp_path.iterdir()) == ["typo"]
 
 
+@pytest.mark.parametrize("value", [False, 0, "yes"])
+def test_a_config_json_that_does_not_tie_the_output_layer_plainly_is_refused(transformers_folder, tmp_path, value):
+    """transformers ties lm_head to wte only for a true tie_word_embeddings: any other value would
+    make its model another than ours."""
+    folder = tmp_path / "untied"
+    shutil.copytree(transformers_folder, folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": value}))
+    with pytest.raises(CheckpointError, match=f"tie_word_embeddings is {value!r}; tinygpt2 computes GPT-2 as released"):
+        load_checkpoint(folder)
+
+
 def test_untied_output_layers_are_refused():
     state = {"transformer.wte.weight": torch.zeros(4, 2), "lm_head.weight": torch.ones(4, 2)}
     with pytest.raises(ValueError, match="not tied"):
