@@ -63,8 +63,9 @@ def expand_paths(path, setting: str = "data.path", fmt: str = "auto") -> tuple[l
         raise DataError(f"{setting} {path} mixes formats ({found}); choose one with data.format=txt|json|csv|parquet")
     check_not_empty(files, path, setting)
     fmt = next(iter(formats))
+    heads = file_heads(files, setting)
     if fmt != "parquet":
-        check_not_utf16_or_32(files)
+        check_not_utf16_or_32(heads)
     return files, fmt
 
 
@@ -123,12 +124,27 @@ UNICODE_MARKS = (  # a byte-order mark at the start of a file names its encoding
 )
 
 
-def check_not_utf16_or_32(files: list[str]) -> None:
+def file_heads(files: list[str], setting: str) -> dict[str, bytes]:
+    """The first bytes of each file, read now so that a file that cannot be read (no permission to,
+    a disk error) is named before anything is made, rather than part way through tokenizing."""
+    heads = {}
+    for file in files:
+        try:
+            with open(file, "rb") as f:
+                heads[file] = f.read(4)
+        except OSError as err:
+            denied = err.errno in (errno.EACCES, errno.EPERM)
+            fix = f"make it readable (chmod a+r {shlex.quote(file)})" if denied else "check the disk it is on"
+            if len(files) > 1:
+                fix += f", or move it out of {setting}"
+            raise DataError(f"{setting} file {file} cannot be read ({err.strerror or err}); {fix}") from None
+    return heads
+
+
+def check_not_utf16_or_32(heads: dict[str, bytes]) -> None:
     """A text file saved as UTF-16 or UTF-32 (as some Windows editors save it) is refused by the name of
     its encoding: read as UTF-8 it is every other byte zero, which data.errors=replace would train on."""
-    for file in files:
-        with open(file, "rb") as f:
-            head = f.read(4)
+    for file, head in heads.items():
         encoding = next((name for mark, name in UNICODE_MARKS if head.startswith(mark)), None)
         if encoding is not None:
             converted = f"{os.path.splitext(file)[0]}-utf8{os.path.splitext(file)[1]}"

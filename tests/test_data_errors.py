@@ -394,3 +394,38 @@ def test_a_path_that_is_no_file_says_what_it_is(tmp_path):
         f"data.path {dangling} is a symbolic link to {tmp_path / 'deleted.txt'}, which does not exist; give a file, "
         "a folder or a glob"
     )
+
+
+def unreadable(folder, how: str):
+    """A file in folder that cannot be read: one without read permission (which root reads all the
+    same, so skipped for root), or one whose reading fails (Linux's /proc/self/mem at offset 0: EIO)."""
+    file = folder / "b.txt"
+    if how == "no-permission":
+        file.write_text("some text\n")
+        file.chmod(0)
+        if os.access(file, os.R_OK):
+            pytest.skip("this user reads files without read permission (root)")
+    else:
+        if not os.path.exists("/proc/self/mem"):
+            pytest.skip("needs Linux's /proc/self/mem")
+        file.symlink_to("/proc/self/mem")
+    return file
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["no-permission", "read-fails"])
+def test_a_file_that_cannot_be_read_is_named_before_anything_is_made(tmp_path, small_text, how):
+    """A file of a folder that cannot be read (chmod 000) ended in an OSError traceback."""
+    books = tmp_path / "books"
+    books.mkdir()
+    (books / "a.txt").write_text(small_text.read_text(encoding="utf-8"), encoding="utf-8")
+    bad = unreadable(books, how)
+    env = {**os.environ, "TINYGPT2_CACHE": str(tmp_path / "cache")}
+    proc = run_script("train.py", *TINY_OVERRIDES, "data=text", f"data.path={books}", cwd=tmp_path, env=env)
+    assert proc.returncode == 1
+    line = one_error_line(proc.stderr)
+    assert line.startswith(f"error: data.path file {bad} cannot be read (")
+    assert line.endswith(", or move it out of data.path")
+    if how == "no-permission":
+        assert f"make it readable (chmod a+r {bad})" in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["books"]  # no run folder, no cache
