@@ -86,9 +86,15 @@ def check_files(cfg) -> None:
 
 
 def files_source(cfg, path: str) -> Source:
-    fmt = cfg.get("format", "auto")
-    files, fmt = expand_paths(path, "data.path", fmt)
-    val_files = expand_paths(cfg.val_path, "data.val_path", fmt)[0] if cfg.get("val_path") else None
+    files, fmt = expand_paths(path, "data.path", cfg.get("format", "auto"))
+    val_files = None
+    if cfg.get("val_path"):
+        val_files, val_fmt = expand_paths(cfg.val_path, "data.val_path", cfg.get("format", "auto"))
+        if val_fmt != fmt:  # read as the training files' format, a table would validate as its raw text
+            raise DataError(
+                f"data.val_path {cfg.val_path} is {val_fmt} and data.path {path} is {fmt}; give validation "
+                f"files of the training files' format, {fmt}"
+            )
     shared = sorted(set(map(os.path.realpath, files)) & set(map(os.path.realpath, val_files or [])))
     if shared:
         log.warning(

@@ -198,6 +198,21 @@ def test_a_validation_file_shorter_than_a_window_asks_for_a_longer_one(tmp_path,
     )
 
 
+@pytest.mark.parametrize("train_suffix, val_suffix", [("txt", "jsonl"), ("jsonl", "txt")])
+def test_a_validation_file_of_another_format_than_the_training_files(tmp_path, train_suffix, val_suffix):
+    """A .jsonl data.val_path beside .txt training files was read as plain text: the model was validated
+    on the JSON itself, braces, keys and escapes."""
+    rows = "".join(f'{{"text": "line {i} of a story"}}\n' for i in range(200))
+    train, val = tmp_path / f"train.{train_suffix}", tmp_path / f"val.{val_suffix}"
+    train.write_text(rows)
+    val.write_text(rows)
+    kinds = {"txt": "txt", "jsonl": "json"}
+    assert refused_preparation(tmp_path, path=str(train), val_path=str(val)) == (
+        f"data.val_path {val} is {kinds[val_suffix]} and data.path {train} is {kinds[train_suffix]}; give "
+        f"validation files of the training files' format, {kinds[train_suffix]}"
+    )
+
+
 def test_vocabulary_too_small_for_the_byte_alphabet(tmp_path, small_text):
     message = refused_preparation(tmp_path, bpe_config(vocab_size=200), path=str(small_text))
     assert message == (
