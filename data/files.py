@@ -23,6 +23,7 @@ from .tokenizer import safe_pieces
 
 FORMATS = {".txt": "txt", ".text": "txt", ".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
 READ_BYTES = 1 << 20
+HEAD_BYTES = 8000  # how much of each file is looked at for NUL bytes, as git does to tell binary files
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,7 @@ def expand_paths(path, setting: str = "data.path", fmt: str = "auto") -> tuple[l
     heads = file_heads(files, setting)
     if fmt != "parquet":
         check_not_utf16_or_32(heads)
+        check_no_nul_bytes(heads, setting if len(files) > 1 else "")
     return files, fmt
 
 
@@ -131,7 +133,7 @@ def file_heads(files: list[str], setting: str) -> dict[str, bytes]:
     for file in files:
         try:
             with open(file, "rb") as f:
-                heads[file] = f.read(4)
+                heads[file] = f.read(HEAD_BYTES)
         except OSError as err:
             denied = err.errno in (errno.EACCES, errno.EPERM)
             fix = f"make it readable (chmod a+r {shlex.quote(file)})" if denied else "check the disk it is on"
@@ -147,11 +149,35 @@ def check_not_utf16_or_32(heads: dict[str, bytes]) -> None:
     for file, head in heads.items():
         encoding = next((name for mark, name in UNICODE_MARKS if head.startswith(mark)), None)
         if encoding is not None:
-            converted = f"{os.path.splitext(file)[0]}-utf8{os.path.splitext(file)[1]}"
             raise DataError(
                 f"{file} is {encoding} text (it starts with a {encoding} byte-order mark), not UTF-8; convert it "
-                f"to UTF-8: iconv -f {encoding} -t UTF-8 {shlex.quote(file)} > {shlex.quote(converted)}"
+                f"to UTF-8: {conversion(file, encoding)}"
             )
+
+
+def check_no_nul_bytes(heads: dict[str, bytes], folder_setting: str) -> None:
+    """NUL bytes are valid UTF-8 but no text has them: a file with one near its start is UTF-16 saved
+    without a byte-order mark (every other byte zero) or not text at all, and would train as either."""
+    for file, head in heads.items():
+        at = head.find(b"\0")
+        if at < 0:
+            continue
+        # ASCII in UTF-16LE has every odd byte zero and no even one; in UTF-16BE the other way round
+        odd, even = (part.count(0) / max(1, len(part)) for part in (head[1::2], head[0::2]))
+        encoding = "UTF-16LE" if odd > 0.9 and even < 0.1 else "UTF-16BE" if even > 0.9 and odd < 0.1 else None
+        if encoding is not None:
+            raise DataError(
+                f"{file} holds NUL bytes (the first at byte {at}): it looks like {encoding} text without a "
+                f"byte-order mark, not UTF-8; convert it to UTF-8: {conversion(file, encoding)}"
+            )
+        instead = f"move it out of {folder_setting}" if folder_setting else "give a text file"
+        raise DataError(f"{file} holds NUL bytes (the first at byte {at}), so it is not text; {instead}")
+
+
+def conversion(file: str, encoding: str) -> str:
+    """The command that converts a file to UTF-8, beside it."""
+    converted = f"{os.path.splitext(file)[0]}-utf8{os.path.splitext(file)[1]}"
+    return f"iconv -f {encoding} -t UTF-8 {shlex.quote(file)} > {shlex.quote(converted)}"
 
 
 def file_stats(files: list[str]) -> list[tuple[str, int, int]]:

@@ -70,6 +70,32 @@ def test_a_file_saved_as_utf16_or_utf32_is_named_so_whatever_data_errors_says(tm
     )
 
 
+@pytest.mark.parametrize("encoding, name", [("utf-16-le", "UTF-16LE"), ("utf-16-be", "UTF-16BE")])
+def test_a_file_saved_as_utf16_without_a_byte_order_mark_is_named_so(tmp_path, encoding, name):
+    """Such a file is valid UTF-8 (NUL is a character), so it trained on every other character a NUL."""
+    wide = tmp_path / "wide.txt"
+    wide.write_bytes("First Citizen:\nBefore we proceed any further, hear me speak.\n".encode(encoding))
+    at = 1 if name == "UTF-16LE" else 0
+    assert refused_preparation(tmp_path, path=str(wide), errors="replace") == (
+        f"{wide} holds NUL bytes (the first at byte {at}): it looks like {name} text without a byte-order mark, "
+        f"not UTF-8; convert it to UTF-8: iconv -f {name} -t UTF-8 {wide} > {tmp_path / 'wide-utf8.txt'}"
+    )
+
+
+@pytest.mark.parametrize("errors", ["strict", "replace"])
+def test_a_binary_file_is_refused_whatever_data_errors_says(tmp_path, small_text, errors):
+    """A program or an image among the text (here a PNG's first bytes, named .txt) trained as text with
+    data.errors=replace, or with no bad byte at all when its bytes happen to be valid UTF-8."""
+    books = tmp_path / "books"
+    books.mkdir()
+    (books / "a.txt").write_text(small_text.read_text(encoding="utf-8"), encoding="utf-8")
+    image = books / "b.txt"
+    image.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00\x01\x00" + bytes(range(256)) * 4)
+    assert refused_preparation(tmp_path, path=str(books), errors=errors) == (
+        f"{image} holds NUL bytes (the first at byte 8), so it is not text; move it out of data.path"
+    )
+
+
 def test_a_table_given_as_tiny_shakespeare_points_to_data_text(tmp_path):
     """data=shakespeare reads its data.path as plain text; its settings have no text column."""
     table = tmp_path / "dump.jsonl"
