@@ -159,6 +159,10 @@ def file_part(files: list[str], fmt: str, reading: dict, piece_chars: int | None
             if fmt == "json"
             else {"encoding_errors": reading["errors"]}
         )
+    if fmt == "csv" and reading["errors"] == "strict":
+        # the text as written, where pandas types a chunk of "42"s as numbers (not with data.errors=replace:
+        # pandas ignores encoding_errors for a column with a converter)
+        options["converters"] = {reading["text_column"]: str}
     return Part(
         rows=lambda: datasets.load_dataset(fmt, data_files=files, split="train", streaming=True, **options),
         split=split,

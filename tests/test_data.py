@@ -181,6 +181,17 @@ def test_tables_give_one_document_per_row(tmp_path, fmt):
     assert dm.cache.meta["train_chars"] + dm.cache.meta["val_chars"] == sum(map(len, stories))
 
 
+def test_a_csv_text_column_is_read_as_written(tmp_path):
+    """pandas types a CSV column by the rows of each chunk it reads: a chunk (of 10,000 rows) whose texts
+    were all numbers came as ints, and the whole file was refused as holding no text."""
+    texts = [f"row {i} says something" for i in range(10_000)] + [str(i) for i in range(10_000)] + ["007", "1e3"]
+    path = tmp_path / "answers.csv"
+    datasets.Dataset.from_dict({"text": texts}).to_csv(path, index=False)
+    dm = prepared(tmp_path, path=str(path), val_fraction=0.1)
+    train, val = reference_split(texts, 0.1)
+    assert documents_of(dm, "train") == train and documents_of(dm, "val") == val
+
+
 def test_validation_files_replace_the_fraction(tmp_path, small_text):
     val = tmp_path / "held_out.txt"
     val.write_text("A held-out play, in a file of its own.\n" * 30)
