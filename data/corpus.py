@@ -69,9 +69,13 @@ class Part:
         """True for text, False for a missing value; anything else is an error."""
         if value is None or isinstance(value, str):
             return bool(value)
+        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:39] + "…"
+        name = type(value).__name__
+        kind = f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
         raise DataError(
-            f"data.text_column={self.column!r} of {self.where} holds {type(value).__name__} values, not text; "
-            "set data.text_column to the column that holds the text"
+            f"data.text_column={self.column!r} of {self.where} holds {kind} value ({shown}), not "
+            "text; set data.text_column to the column that holds the text, or, if this is it, write that value "
+            "as a string"
         )
 
     def check_column(self, names: list[str]) -> None:

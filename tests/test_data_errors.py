@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import datasets
@@ -196,9 +197,16 @@ def test_a_text_column_of_numbers(tmp_path):
     datasets.Dataset.from_dict({"text": list(range(100))}).to_json(path, lines=True)
     assert (
         refused_preparation(tmp_path, path=str(path))
-        == f"data.text_column='text' of {path} holds int values, not text; set data.text_column to the column that "
-        "holds the text"
+        == f"data.text_column='text' of {path} holds an int value (0), not text; set data.text_column to the column "
+        "that holds the text, or, if this is it, write that value as a string"
     )
+
+
+def test_one_value_that_is_not_text_among_many_is_shown(tmp_path):
+    path = tmp_path / "one_number.jsonl"
+    rows = [json.dumps({"text": f"line {i} of the text"}) for i in range(500)] + [json.dumps({"text": [1, 2]})]
+    path.write_text("\n".join(rows) + "\n")
+    assert "holds a list value ([1, 2]), not text;" in refused_preparation(tmp_path, path=str(path))
 
 
 def test_validation_part_shorter_than_a_window(tmp_path, small_text):
