@@ -375,6 +375,24 @@ def test_a_run_killed_before_its_first_checkpoint_names_the_command_that_starts_
     assert yaml.safe_load((new / "config.yaml").read_text())["samples"]["prompts"] == ["ROMEO:", "a b"]
 
 
+def test_the_start_again_command_of_a_run_given_relative_paths_works_from_another_folder(small_text, tmp_path):
+    started = tmp_path / "my project"
+    (started / "texts").mkdir(parents=True)
+    shutil.copy(small_text, started / "texts" / "input.txt")
+    args = [a for a in run_args(small_text) if not a.startswith("data.path=")]
+    proc = start_script("train.py", *args, "data.path=texts/input.txt", cwd=started, failpoint="kill:1")
+    finish(proc)
+    assert proc.returncode == -signal.SIGKILL
+    (run,) = runs_under(started / "outputs")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    line = one_error_line(run_script("train.py", f"resume={run}", cwd=elsewhere).stderr)
+    again = run_printed(line.split("start it again as a new run: ", 1)[1], elsewhere)
+    assert again.returncode == 0, again.stderr[-2000:]
+    (new,) = runs_under(elsewhere / "outputs")
+    assert yaml.safe_load((new / "config.yaml").read_text())["data"]["path"] == str(started / "texts" / "input.txt")
+
+
 def test_a_fine_tune_resumes_after_the_checkpoint_it_started_from_is_gone(small_text, reference, tmp_path):
     source = tmp_path / "source"
     shutil.copytree(reference, source)  # any run with a checkpoint to start from

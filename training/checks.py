@@ -291,6 +291,18 @@ COUNT_LIMIT = 2**31 - 1  # counts beyond this are typos, and overflow the sizes 
 STEPS = Number(whole=True, min=1, max=COUNT_LIMIT)
 SEED = Number(whole=True, min=0, below=2**32)
 
+# Settings that name local files (or lists of them): made absolute, so a run continues from any folder.
+PATH_KEYS = (
+    "data.path",
+    "data.val_path",
+    "data.local_copies",
+    "data.cache_dir",
+    "tokenizer.path",
+    "init_from",
+    "runs_root",
+    "latest_link",
+)
+
 SPEC: dict[str, Any] = {
     "seed": SEED,
     "resume": Text(optional=True),

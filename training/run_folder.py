@@ -33,6 +33,8 @@ import yaml
 
 from generation.checkpoint import BEST_NAME, CHECKPOINTS_DIR, LAST_NAME, CheckpointError, checkpoint_step
 
+from .checks import PATH_KEYS, lookup
+
 log = logging.getLogger(__name__)
 
 
@@ -299,7 +301,7 @@ class RunFolder:
         overrides = self.first_overrides()
         if overrides is None:
             return ""
-        return f": python {script('train.py')} {shlex.join(overrides)}".rstrip()
+        return f": python {script('train.py')} {shlex.join(map(self.from_anywhere, overrides))}".rstrip()
 
     def new_run_command(self, *changes: str) -> str | None:
         """The command line this run was started with, to start it as a new run: with `changes`
@@ -310,7 +312,24 @@ class RunFolder:
             return None
         replaced = {"hydra.run.dir", "resume", *(change.partition("=")[0] for change in changes)}
         kept = [o for o in overrides if o.partition("=")[0].lstrip("+~") not in replaced]
-        return f"python {script('train.py')} {shlex.join([*kept, *changes])}"
+        return f"python {script('train.py')} {shlex.join([*map(self.from_anywhere, kept), *changes])}"
+
+    def from_anywhere(self, override: str) -> str:
+        """An override of the run's command line as it reads from any folder: a path setting given
+        relative to the folder the run was started in (data.path=input.txt) takes the absolute value the
+        run saved in its config.yaml."""
+        key, _, value = override.partition("=")
+        if key.lstrip("+~") not in PATH_KEYS or value.startswith("/"):
+            return override
+        try:
+            saved = lookup(yaml.safe_load(self.settings_file.read_text(encoding="utf-8")), key.lstrip("+~"))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            return override
+        paths = saved if isinstance(saved, list) else [saved]
+        if not all(isinstance(path, str) and "'" not in path for path in paths):
+            return override  # (absent, null, or a value Hydra's grammar would need escaped)
+        written = ",".join(path if re.fullmatch(r"[\w./-]+", path) else f"'{path}'" for path in paths)
+        return f"{key}=[{written}]" if isinstance(saved, list) else f"{key}={written}"
 
     # ---- the lock ----------------------------------------------------------------------------------
 

@@ -30,6 +30,7 @@ from model import ConfigError, GPTConfig
 
 from .checks import (
     ABSENT,
+    PATH_KEYS,
     SPEC,
     SettingError,
     as_max_time,
@@ -82,18 +83,6 @@ CHANGEABLE_ON_RESUME = (
 
 # Settings whose requested value means "work it out", and so matches whatever the run worked out.
 WORKED_OUT = {"model.vocab_size": None, "tokens_per_step": None, "trainer.accumulate_grad_batches": 1}
-
-# Settings that name local files (or lists of them): made absolute, so a run continues from any folder.
-PATH_KEYS = (
-    "data.path",
-    "data.val_path",
-    "data.local_copies",
-    "data.cache_dir",
-    "tokenizer.path",
-    "init_from",
-    "runs_root",
-    "latest_link",
-)
 
 # Passes over a stand-in corpus (the offline pydoc text that data=shakespeare falls back to) after which
 # a run of it stops: more overfit so small a text (bench/README.md, "The offline fallback").
