@@ -375,7 +375,8 @@ def test_a_run_killed_before_its_first_checkpoint_names_the_command_that_starts_
     assert yaml.safe_load((new / "config.yaml").read_text())["samples"]["prompts"] == ["ROMEO:", "a b"]
 
 
-def test_the_start_again_command_of_a_run_given_relative_paths_works_from_another_folder(small_text, tmp_path):
+@pytest.mark.parametrize("killed", ["at its first step", "while it prepared its data"])
+def test_the_start_again_command_of_a_run_given_relative_paths_works_from_another_folder(killed, small_text, tmp_path):
     started = tmp_path / "my project"
     (started / "texts").mkdir(parents=True)
     shutil.copy(small_text, started / "texts" / "input.txt")
@@ -384,6 +385,10 @@ def test_the_start_again_command_of_a_run_given_relative_paths_works_from_anothe
     finish(proc)
     assert proc.returncode == -signal.SIGKILL
     (run,) = runs_under(started / "outputs")
+    if killed == "while it prepared its data":  # the folder as such a kill leaves it: Hydra's record and the log
+        for entry in run.iterdir():
+            if entry.name not in RunFolder.STARTING_FILES:
+                shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     line = one_error_line(run_script("train.py", f"resume={run}", cwd=elsewhere).stderr)

@@ -33,7 +33,7 @@ import yaml
 
 from generation.checkpoint import BEST_NAME, CHECKPOINTS_DIR, LAST_NAME, CheckpointError, checkpoint_step
 
-from .checks import PATH_KEYS, lookup
+from .checks import PATH_KEYS
 
 log = logging.getLogger(__name__)
 
@@ -316,20 +316,32 @@ class RunFolder:
 
     def from_anywhere(self, override: str) -> str:
         """An override of the run's command line as it reads from any folder: a path setting given
-        relative to the folder the run was started in (data.path=input.txt) takes the absolute value the
-        run saved in its config.yaml."""
-        key, _, value = override.partition("=")
-        if key.lstrip("+~") not in PATH_KEYS or value.startswith("/"):
+        relative to the folder the run was started in (data.path=input.txt) made absolute there."""
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+        key = override.partition("=")[0]
+        started_in = self.started_in()
+        if key.lstrip("+~") not in PATH_KEYS or started_in is None:
             return override
         try:
-            saved = lookup(yaml.safe_load(self.settings_file.read_text(encoding="utf-8")), key.lstrip("+~"))
-        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            given = OverridesParser.create().parse_override(override).value()
+        except Exception:  # (Hydra's grammar error: the override is repeated as it was)
             return override
-        paths = saved if isinstance(saved, list) else [saved]
+        paths = given if isinstance(given, list) else [given]
         if not all(isinstance(path, str) and "'" not in path for path in paths):
-            return override  # (absent, null, or a value Hydra's grammar would need escaped)
-        written = ",".join(path if re.fullmatch(r"[\w./-]+", path) else f"'{path}'" for path in paths)
-        return f"{key}=[{written}]" if isinstance(saved, list) else f"{key}={written}"
+            return override  # (null, or a value Hydra's grammar would need escaped)
+        written = []
+        for path in (os.path.join(started_in, os.path.expanduser(path)) for path in paths):
+            written.append(path if re.fullmatch(r"[\w./-]+", path) else f"'{path}'")
+        return f"{key}=[{','.join(written)}]" if isinstance(given, list) else f"{key}={written[0]}"
+
+    def started_in(self) -> str | None:
+        """The folder the run was started in (Hydra's record of it), where its relative paths lead."""
+        try:
+            record = yaml.safe_load((self.path / ".hydra" / "hydra.yaml").read_text(encoding="utf-8"))
+            return str(record["hydra"]["runtime"]["cwd"])
+        except (OSError, UnicodeDecodeError, yaml.YAMLError, KeyError, TypeError):
+            return None
 
     # ---- the lock ----------------------------------------------------------------------------------
 
@@ -478,6 +490,11 @@ def folder_of(path: str | os.PathLike) -> RunFolder:
         path = path.parent
     if path.is_dir():
         folder = RunFolder(path.resolve())
+        if not folder.holds_run() and folder.first_overrides() is not None:
+            raise RunFolderError(
+                f"resume={path}: the run started here stopped before it saved its settings (while it prepared its "
+                f"data), so there is nothing to continue; start it again as a new run{folder.start_again()}"
+            )
         if not folder.holds_run():
             raise RunFolderError(
                 f"resume={path}: this folder holds no run (no config.yaml, no checkpoints/); give a run "
