@@ -260,6 +260,32 @@ def test_wandb_online_with_no_account_is_refused_before_anything_is_made(monkeyp
     assert train.check_command_line(["logger=wandb", "logger.wandb.mode=online"]) is None
 
 
+def test_a_wandb_mode_wandb_cannot_read_is_refused_in_one_line_before_anything_is_made(small_text, tmp_path):
+    """wandb.init reads WANDB_MODE whatever mode it is given, and a value it does not know stopped the
+    run with its traceback, after the run folder was made."""
+    import os
+
+    from .common import one_error_line, run_script
+
+    for value in ("onlinee", ""):
+        env = {**os.environ, "WANDB_MODE": value}
+        proc = run_script("train.py", *TINY_OVERRIDES, f"data.path={small_text}", "logger=wandb", cwd=tmp_path, env=env)
+        assert proc.returncode == 1
+        assert one_error_line(proc.stderr) == (
+            f"error: WANDB_MODE={value!r} is not a wandb mode, and wandb reads it whatever logger.wandb.mode says; "
+            "set WANDB_MODE to online, offline or disabled, or unset it"
+        )
+        assert not (tmp_path / "outputs").exists()
+
+
+def test_wandb_mode_follows_wandbs_old_names_for_its_modes(monkeypatch):
+    monkeypatch.setenv("WANDB_API_KEY", "k" * 40)
+    monkeypatch.setenv("WANDB_MODE", "dryrun")  # wandb's old name for offline: an account does not make it online
+    assert wandb_mode("auto") == "offline"
+    monkeypatch.setenv("WANDB_MODE", "run")
+    assert wandb_mode("auto") == "online"
+
+
 @pytest.mark.slow
 def test_wandb_that_cannot_reach_its_server_stops_the_run_in_one_line_and_leaves_nothing(small_text, tmp_path):
     import os

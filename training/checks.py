@@ -542,6 +542,15 @@ def check_model(model: dict[str, Any]) -> None:
 
 
 WANDB_MODES = ("auto", "online", "offline", "disabled")
+# the values wandb itself reads from WANDB_MODE, and the mode each means (dryrun and run are old names)
+WANDB_ENV_MODES = {
+    "online": "online",
+    "offline": "offline",
+    "disabled": "disabled",
+    "dryrun": "offline",
+    "run": "online",
+    "shared": "online",
+}
 
 
 def wandb_credentials_present() -> bool:
@@ -560,10 +569,17 @@ def wandb_mode(requested: str) -> str:
     """`auto`: WANDB_MODE if the user set it, else online with credentials, else offline; never a prompt."""
     if requested not in WANDB_MODES:
         raise ValueError(f"logger.wandb.mode must be one of {WANDB_MODES}, got {requested!r}")
+    env_mode = os.environ.get("WANDB_MODE")
+    # wandb.init stops on a value it does not know, whatever mode it is given
+    if env_mode is not None and env_mode not in WANDB_ENV_MODES:
+        raise SettingError(
+            f"WANDB_MODE={env_mode!r} is not a wandb mode, and wandb reads it whatever logger.wandb.mode says; "
+            "set WANDB_MODE to online, offline or disabled, or unset it"
+        )
     if requested != "auto":
         return requested
-    if os.environ.get("WANDB_MODE") in ("online", "offline", "disabled"):
-        return os.environ["WANDB_MODE"]
+    if env_mode is not None:
+        return WANDB_ENV_MODES[env_mode]
     return "online" if wandb_credentials_present() else "offline"
 
 
