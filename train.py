@@ -581,8 +581,9 @@ class Launch:
         )
         searched = composed["hydra"]
         sweeper = searched.get("sweeper") or {}
-        if isinstance(sweeper.get("n_trials"), int) and sweeper["n_trials"] < 1:
-            raise CommandLineError(f"hydra.sweeper.n_trials must be at least 1, got {sweeper['n_trials']}")
+        for count in ("n_trials", "n_jobs"):  # n_jobs: how many trials the sampler proposes at a time
+            if isinstance(sweeper.get(count), int) and sweeper[count] < 1:
+                raise CommandLineError(f"hydra.sweeper.{count} must be at least 1, got {sweeper[count]}")
         space = {
             **(sweeper.get("params") or {}),
             **{  # the search space, with what the command line adds to it

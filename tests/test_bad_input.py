@@ -312,6 +312,7 @@ BAD_SETTINGS = [
         ["-m", "optim.lr=1e-3,2e-3", "hydra.sweep.subdir=same"],
         "hydra.sweep.subdir=same names the same folder for every job of the sweep",
     ),
+    (["-m", "hparams_search=optuna", "hydra.sweeper.n_jobs=0"], "hydra.sweeper.n_jobs must be at least 1, got 0"),
     (
         ["-m", "hparams_search=optuna", "model.n_head=3"],
         "model.n_embd (64) must be divisible by model.n_head (3)",
@@ -477,6 +478,7 @@ def test_run_folder_of_the_users_own_files(tmp_path):
         ["-m", "optim.lr=interval(0.1,1)"],
         ["-m", "optim.lr=1e-3,,2e-3"],
         ["-m", "hparams_search=optuna", "hydra.sweeper.storage=sqlite:////no/such/folder/s.db"],
+        ["-m", "hparams_search=optuna", "hydra.sweeper.n_jobs=0"],  # the sweeper divided by zero trials
     ],
 )
 def test_train_py_refuses_in_one_line_and_makes_nothing(args, small_text, tmp_path):
