@@ -540,8 +540,9 @@ class Launch:
         continued = self.continued_or_requeued(composer)
         if continued is not None:
             return continued
-        self.check_sweep(composer)
-        return self.sweep_folder()
+        seed = continued_study_seed(self.check_sweep(composer))
+        args = self.sweep_folder()
+        return [a for a in args if a.partition("=")[0] != "hydra.sweeper.sampler.seed"] + seed if seed else args
 
     def continued_or_requeued(self, composer: Composer) -> list[str] | None:
         """-m continuing a sweep, in any process of a launch: the one resume= names, or the one a launch
@@ -565,7 +566,8 @@ class Launch:
             return None
         return shared.path if (shared.path / SWEEP_RECORD).is_file() else None
 
-    def check_sweep(self, composer: Composer) -> None:
+    def check_sweep(self, composer: Composer) -> dict:
+        """Checks every job's settings before the first starts; returns the sweeper's settings."""
         parsed, hydra_parsed = parse_overrides(self.user), parse_overrides(self.hydra_overrides)
         for override in hydra_parsed:
             if override.is_sweep_override():
@@ -628,6 +630,7 @@ class Launch:
                 f"hydra.sweep.subdir={subdir} names the same folder for every job of the sweep; leave it out "
                 "(each job gets a numbered folder) or make it differ, e.g. 'hydra.sweep.subdir=${hydra.job.num}'"
             )
+        return sweeper
 
     def sweep_folder(self) -> list[str]:
         if self.hydra.get("hydra.sweep.dir"):
@@ -931,6 +934,24 @@ def check_storage(storage) -> None:
             raise CommandLineError(
                 f"hydra.sweeper.storage={storage}: the folder {folder} does not exist; make it, or give another path"
             )
+
+
+def continued_study_seed(sweeper: dict) -> list[str]:
+    """A search that adds trials to a stored study seeds its sampler past the trials the study holds:
+    with the seed the study began with, it proposed the same settings again, trial for trial."""
+    storage, seed = sweeper.get("storage"), (sweeper.get("sampler") or {}).get("seed")
+    if not isinstance(storage, str) or not isinstance(seed, int):
+        return []
+    if storage.startswith("sqlite:///") and not Path(storage.removeprefix("sqlite:///")).expanduser().is_file():
+        return []  # no study yet, and reading would make the file
+    import optuna
+
+    try:
+        studies = optuna.get_all_study_summaries(storage)
+    except Exception:  # a database out of reach: the sweeper says so as it starts
+        return []
+    held = sum(s.n_trials for s in studies if s.study_name == sweeper.get("study_name"))
+    return [f"hydra.sweeper.sampler.seed={seed + held}"] if held else []
 
 
 def sweep_combinations(overrides: list[str], limit: float = 64) -> list[list[str]]:

@@ -734,6 +734,20 @@ def test_an_optuna_search_records_every_trial_and_the_best(small_text, tmp_path)
     assert searched - fixed <= columns and not (searched & fixed) & columns  # each searched setting, varied or not
 
 
+def test_an_optuna_search_run_again_with_its_storage_tries_new_settings(small_text, tmp_path):
+    """The second sweep adds trials to the stored study; its sampler, seeded as the first's, proposed
+    the first sweep's settings again, trial for trial."""
+    import optuna
+
+    search = ["-m", "hparams_search=optuna", "hydra.sweeper.n_trials=2", "hydra.sweeper.storage=sqlite:///search.db"]
+    for _ in range(2):
+        proc = run_script("train.py", *search, *TINY_OVERRIDES, f"data.path={small_text}", cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    study = optuna.load_study(study_name="tinygpt2", storage=f"sqlite:///{tmp_path / 'search.db'}")
+    tried = [tuple(sorted(trial.params.items())) for trial in study.trials]
+    assert len(tried) == 4 and len(set(tried)) == 4
+
+
 def test_a_requeued_slurm_search_ends_if_it_had_ended_and_is_refused_in_one_line_if_not(small_text, tmp_path):
     """A SLURM job running an Optuna search, requeued: the search is not continued in its folder
     (its storage continues it), so a search killed part way is refused in one line, and one that had
