@@ -795,9 +795,8 @@ def sweep_record(folder: Path, given: str, requeued: bool = False) -> SweepRecor
         ) from None
     if is_search(folder):
         raise CommandLineError(
-            f"{what} is a search, which is not continued in its folder: run it again with the same "
-            "hydra.sweeper.storage to add trials to its study; a stopped trial continues alone with "
-            f"{continue_command(folder / 'N')}"
+            f"{what} is a search, which is not continued in its folder: {how_to_add_trials(folder)}; a stopped "
+            f"trial continues alone with {continue_command(folder / 'N')}"
         )
     return SweepRecord(task, hydra_given, str(cwd))
 
@@ -1136,11 +1135,19 @@ def log_libraries_to_file() -> None:
 
 def how_to_continue_sweep(sweep: Path) -> str:
     if is_search(sweep):
-        return (
-            f"the search's trials so far are in {sweep / 'summary.csv'}; run it again with the same "
-            "hydra.sweeper.storage to add trials to its study"
-        )
+        return f"the search's trials so far are in {sweep / 'summary.csv'}; {how_to_add_trials(sweep)}"
     return f"continue the sweep, this job and the rest, with: {sweep_continue_command(sweep)}"
+
+
+def how_to_add_trials(search: Path) -> str:
+    """How a later search continues the study of the search at `search`: only one kept in a storage can be."""
+    storage = OmegaConf.select(OmegaConf.load(search / SWEEP_RECORD), "hydra.sweeper.storage")
+    if storage:
+        return f"run it again with the same hydra.sweeper.storage ({storage}) to add trials to its study"
+    return (
+        "its study was kept in memory (hydra.sweeper.storage=null) and ended with it; run it again with "
+        "hydra.sweeper.storage=sqlite:///search.db to keep a study that a later search continues"
+    )
 
 
 def continue_command(run: Path) -> str:

@@ -748,6 +748,22 @@ def test_an_optuna_search_run_again_with_its_storage_tries_new_settings(small_te
     assert len(tried) == 4 and len(set(tried)) == 4
 
 
+def test_a_search_with_its_study_in_memory_is_not_told_to_reuse_a_storage_it_has_not(small_text, tmp_path):
+    """The default search keeps its study in memory: what it says at a stop (and to resume=) names the
+    storage that keeps one, not "the same hydra.sweeper.storage", which was null."""
+    search = ["-m", "hparams_search=optuna", "hydra.sweeper.n_trials=1"]
+    proc = run_script("train.py", *search, *TINY_OVERRIDES, f"data.path={small_text}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (sweep,) = (tmp_path / "multirun").glob("*/*")
+    refused = run_script("train.py", "-m", f"resume={sweep}", cwd=tmp_path)
+    assert refused.returncode == 1
+    assert one_error_line(refused.stderr).startswith(
+        f"error: resume={sweep} is a search, which is not continued in its folder: its study was kept in memory "
+        "(hydra.sweeper.storage=null) and ended with it; run it again with hydra.sweeper.storage=sqlite:///search.db"
+    )
+    assert "its study was kept in memory" in train.how_to_continue_sweep(sweep)  # said at a Ctrl-C
+
+
 def test_a_requeued_slurm_search_ends_if_it_had_ended_and_is_refused_in_one_line_if_not(small_text, tmp_path):
     """A SLURM job running an Optuna search, requeued: the search is not continued in its folder
     (its storage continues it), so a search killed part way is refused in one line, and one that had
