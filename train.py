@@ -281,11 +281,15 @@ def unknown_setting(key: str, defaults: dict, overrides: list[str], chosen: dict
     import difflib
 
     group = key.split(".")[0]
-    if group == "logger" and key.count(".") == 1:  # logger.tensorboard=... with the default loggers
+    name = key.split(".")[1] if key.count(".") == 1 else None
+    if group == "logger" and name and (CONFIG_DIR / "logger" / f"{name}.yaml").is_file():  # not among those chosen
         return (
-            f"unknown setting '{key}': the loggers chosen do not include {key.split('.')[1]}; choose loggers with "
-            f"logger=NAME or a list, e.g. logger=[csv,{key.split('.')[1]}]"
+            f"unknown setting '{key}': the loggers chosen do not include {name}; choose loggers with "
+            f"logger=NAME or a list, e.g. logger=[csv,{name}]"
         )
+    if group == "logger" and name:
+        loggers = ", ".join(sorted(p.stem for p in (CONFIG_DIR / "logger").glob("*.yaml")))
+        return f"unknown setting '{key}': {name} is no logger; choose loggers with logger=NAME or a list of: {loggers}"
     choice = next((o.split("=", 1)[1] for o in overrides if "=" in o and o.lstrip("+").split("=")[0] == group), None)
     choice = choice or (chosen or {}).get(group)
     close = difflib.get_close_matches(key, differing_leaves(defaults, {}), n=1, cutoff=0.75)

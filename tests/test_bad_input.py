@@ -235,6 +235,11 @@ BAD_SETTINGS = [
         "unknown setting 'logger.tensorboard': the loggers chosen do not include tensorboard; choose loggers with "
         "logger=NAME or a list, e.g. logger=[csv,tensorboard]",
     ),
+    (  # no logger at all: not suggested in a list, which would be refused in turn
+        ["logger.tensorbord=x"],
+        "unknown setting 'logger.tensorbord': tensorbord is no logger; choose loggers with logger=NAME or a list "
+        "of: csv, none, tensorboard, wandb",
+    ),
     (["model=true"], "model=true is not a choice of model, which a run needs; choose one of: baby,"),
     (["+model=null"], "+model=null is not a choice of model, which a run needs"),
     (
