@@ -201,6 +201,15 @@ def test_a_contradicting_setting_beside_resume_is_refused(small_text, tmp_path):
     assert train.check_command_line([f"resume={listed}", "logger=csv"]).startswith(
         f"logger=csv contradicts the run being resumed ({listed}), whose logger is [tensorboard,csv]"
     )
+    # a setting of a tracker the run has, given alone: checked against the run's own list of trackers,
+    # not the default one (which was refused as if logger=[wandb,csv] had been given)
+    tracked = stopped_run(small_text, tmp_path, "kill:7", "logger=[wandb,tensorboard,csv]", root=tmp_path / "tracked")
+    assert train.check_command_line([f"resume={tracked}", "logger.wandb.project=tinygpt2"]) is None
+    proc = run_script("train.py", f"resume={tracked}", "logger.wandb.project=other", cwd=tmp_path)
+    assert one_error_line(proc.stderr).startswith(
+        f"error: logger.wandb.project='other' contradicts the run being resumed ({tracked}), whose "
+        "logger.wandb.project is 'tinygpt2'; leave it out"
+    )
     # the same trackers, one of their settings changed: that setting is named, not the choice
     saved, requested = (
         {"logger": {"wandb": {"name": "orig"}, "csv": {}}},

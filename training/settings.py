@@ -532,7 +532,9 @@ def continue_values(
     line. A named setting that contradicts the saved run is refused, naming both values."""
     values = copy.deepcopy(saved)
     named = list(named)
-    if any(key.split(".")[0] == "logger" for key in named):  # a list of loggers: one the run has may be left out
+    # loggers chosen (logger=NAME names each setting of the choice): one the run has may be left out of the
+    # list; a setting alone (logger.wandb.project=...) keeps the run's own list, not the default one
+    if not requested.get("logger") or set(expand(["logger"], requested)) <= set(named):
         named += [key for key in expand(["logger"], saved) if key not in named]
     for key in named:
         if key.split(".")[0] in LAUNCH_KEYS:
@@ -629,8 +631,10 @@ def differs(key: str, want: Any, have: Any) -> bool:
 
 
 def contradiction(key: str, want: Any, have: Any, saved: dict[str, Any], requested: dict[str, Any], run: Path) -> str:
-    trackers_differ = set(requested.get("logger") or {}) != set(saved.get("logger") or {})
-    if (key == "logger" or key.startswith("logger.")) and trackers_differ:  # a tracker added or dropped
+    chosen, had = set(requested.get("logger") or {}), set(saved.get("logger") or {})
+    tracker = key.split(".")[1] if key.startswith("logger.") else None
+    # a tracker added or dropped; a setting of one the run has (logger.wandb.project) is named itself
+    if (key == "logger" or (tracker and tracker not in chosen & had)) and chosen != had:
         given, key, have = f"logger={logger_choice(requested)}", "logger", logger_choice(saved)
     else:
         given = f"~{key}" if want is ABSENT else f"{key}={shown(want)}"
