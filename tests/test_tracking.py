@@ -255,6 +255,7 @@ def test_wandb_online_with_no_account_is_refused_before_anything_is_made(monkeyp
         assert "wandb login" in problem and "logger.wandb.mode=offline" in problem
     monkeypatch.setenv("WANDB_MODE", "online")  # the same, asked for by wandb's own setting
     assert train.check_command_line(["logger=wandb"]).startswith("wandb logs online only")
+    assert "or log offline by unsetting WANDB_MODE" in train.check_command_line(["logger=wandb"])
     assert train.check_command_line(["logger=wandb", "logger.wandb.mode=offline"]) is None
     monkeypatch.setenv("WANDB_API_KEY", "k" * 40)
     assert train.check_command_line(["logger=wandb", "logger.wandb.mode=online"]) is None

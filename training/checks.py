@@ -588,9 +588,11 @@ def check_together(values: dict[str, Any]) -> None:
     trainer, optim = values.get("trainer") or {}, values.get("optim") or {}
     wandb = (values.get("logger") or {}).get("wandb")
     if wandb and wandb_mode(wandb["mode"]) == "online" and not wandb_credentials_present():
+        # online asked for by WANDB_MODE: unsetting it works for a resumed run too, which keeps its logger.wandb.mode
+        offline = "with logger.wandb.mode=offline" if wandb["mode"] == "online" else "by unsetting WANDB_MODE"
         raise SettingError(
             "wandb logs online only with an account on this machine: run `wandb login` (or set WANDB_API_KEY), "
-            "or log offline with logger.wandb.mode=offline and upload later with `wandb sync`"
+            f"or log offline {offline} and upload later with `wandb sync`"
         )
     max_steps = trainer.get("max_steps")
     if max_steps == -1 and not trainer.get("max_time"):
