@@ -57,7 +57,11 @@ class Throughput(L.Callback):
         rate = sum(list(self.tokens)[1:]) / (self.times[-1] - self.times[0])  # tokens after the first stamp
         pl_module.log_train("train/tokens_per_sec", rate)
         if self.peak:
-            pl_module.log_train("train/mfu", self.utilisation(rate / self.world_size * self.flops_per_token))
+            achieved = rate / self.world_size * self.flops_per_token
+            # a peak that is passed is raised (said, and remembered on a CPU) on logging steps alone; another
+            # step keeps its figure, capped at 1, for the case that a time limit makes it the last
+            logged = logging_step(trainer, step_done=True)
+            pl_module.log_train("train/mfu", self.utilisation(achieved) if logged else min(1.0, achieved / self.peak))
 
     def utilisation(self, achieved: float) -> float:
         """One device's achieved FLOP/s over its peak. A rate above the peak shows the peak too low (a
