@@ -1023,11 +1023,12 @@ def prompt_option(prompt: str) -> str:
 
 
 def stopped_by_ctrl_c(run_dir: Path | None = None, resume_record: Path | None = None) -> NoReturn:
-    """Ctrl-C outside the training loop's own graceful stop (start-up, data preparation, a second Ctrl-C):
-    what this process made is taken back, unless the run has a checkpoint to continue from; one line
-    says which. `run_dir`: the run's folder, once Hydra runs it."""
+    """Ctrl-C (or SIGTERM) outside the training loop's own graceful stop (start-up, data preparation, a
+    second Ctrl-C): what this process made is taken back, unless the run has a checkpoint to continue
+    from; one line says which. Exits with 128 + the signal's number, as the shell reports a process the
+    signal ended. `run_dir`: the run's folder, once Hydra runs it."""
     report_ctrl_c(run_dir, resume_record)
-    sys.exit(130)
+    sys.exit(128 + (_STOPPED_BY[-1] if _STOPPED_BY else signal.SIGINT))
 
 
 def report_ctrl_c(run_dir: Path | None = None, resume_record: Path | None = None) -> None:
@@ -1058,14 +1059,17 @@ def report_ctrl_c(run_dir: Path | None = None, resume_record: Path | None = None
         print(f"\nstopped {said}", file=sys.stderr)
 
 
-_HELD_CTRL_C: list[bool] = []  # a Ctrl-C pressed while it was held
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # Ctrl-C, and `kill`'s or a scheduler's stop: taken alike
+_HELD_CTRL_C: list[int] = []  # a stop signal received while they were held
+_STOPPED_BY: list[int] = []  # the stop signal that raised KeyboardInterrupt
 
 
 def hold_ctrl_c() -> None:
-    """From here until release_ctrl_c, Ctrl-C is held: Hydra composes each job's config in OmegaConf
-    state changes that a KeyboardInterrupt would leave half done (Hydra then prints a traceback), and
-    the command line's checks import libraries that one would break."""
-    signal.signal(signal.SIGINT, held_ctrl_c)
+    """From here until release_ctrl_c, Ctrl-C (and SIGTERM) is held: Hydra composes each job's config in
+    OmegaConf state changes that a KeyboardInterrupt would leave half done (Hydra then prints a
+    traceback), and the command line's checks import libraries that one would break."""
+    for stop in STOP_SIGNALS:
+        signal.signal(stop, held_ctrl_c)
     unblock_ctrl_c()  # a process a ddp launch started has it blocked from its start (block_for_children)
 
 
@@ -1073,18 +1077,28 @@ def held_ctrl_c(signum, frame) -> None:
     """A Ctrl-C while held is kept for release_ctrl_c. Pressed again before that (a check that waits on
     a slow disk), the process ends at once, as while its libraries load."""
     if _HELD_CTRL_C:
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.signal(signum, signal.SIG_DFL)
         if process_rank() == 0:
-            os.write(2, b"\nstopped at once (Ctrl-C twice)\n")  # (not print: the handler may run inside one)
+            twice = "Ctrl-C twice" if signum == signal.SIGINT else f"{signal.Signals(signum).name} after a stop"
+            os.write(2, f"\nstopped at once ({twice})\n".encode())  # (not print: the handler may run inside one)
             WATCH.end_children()
-        os.kill(os.getpid(), signal.SIGINT)
-    _HELD_CTRL_C.append(True)
+        os.kill(os.getpid(), signum)
+    _HELD_CTRL_C.append(signum)
+
+
+def interrupt(signum, frame) -> NoReturn:
+    """Ctrl-C, or SIGTERM, outside the training loop (which stops at the end of a step, GracefulStop): a
+    KeyboardInterrupt, which takes back what the run made as for Ctrl-C."""
+    _STOPPED_BY.append(signum)
+    raise KeyboardInterrupt
 
 
 def release_ctrl_c() -> None:
-    """Ctrl-C is handled again (KeyboardInterrupt); one pressed while it was held is raised now."""
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    """Ctrl-C and SIGTERM are handled again (KeyboardInterrupt); one received while held is raised now."""
+    for stop in STOP_SIGNALS:
+        signal.signal(stop, interrupt)
     if _HELD_CTRL_C:
+        _STOPPED_BY.append(_HELD_CTRL_C[-1])
         _HELD_CTRL_C.clear()
         raise KeyboardInterrupt
 

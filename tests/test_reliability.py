@@ -246,6 +246,27 @@ def test_ctrl_c_before_training_begins_stops_in_one_line_and_leaves_nothing(smal
         assert all(any((run / "checkpoints").glob("*.ckpt")) for run in left), (delay, left)
 
 
+def test_sigterm_while_the_data_is_prepared_takes_the_new_run_back_as_ctrl_c_does(full_text, tmp_path):
+    """`kill PID` (a scheduler's stop) before training: the run is taken back in one line, as for Ctrl-C,
+    where it ended the process with nothing said and the new run folder left behind."""
+    runs_root = tmp_path / "outputs"
+    env = {**os.environ, "TINYGPT2_CACHE": str(tmp_path / "cache")}  # the tokenizer is trained anew
+    args = [*TINY_OVERRIDES, f"data.path={full_text}", "tokenizer.vocab_size=1024", f"runs_root={runs_root}"]
+    proc = start_script("train.py", *args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        for line in proc.stdout:
+            if "tokenizer: learning" in line:  # the run folder is made, and the data is being prepared
+                break
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
+    assert "Traceback" not in err
+    assert err.rstrip().splitlines()[-1] == "stopped before the run's first checkpoint; nothing was kept", err[-500:]
+    assert not [p for p in runs_root.rglob("*") if p.is_dir()], list(runs_root.rglob("*"))
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_signal_finishes_the_step_checkpoints_and_says_how_to_resume(sig, small_text, tmp_path):
     run = tmp_path / "run"
