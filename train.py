@@ -210,6 +210,7 @@ class Composer:
             raise CommandLineError(f"cannot compose the config: {str(err).splitlines()[0]}") from None
         self.check_added(overrides)
         self.check_kinds(overrides)
+        check_logger_list(overrides)
         return {**values, "hydra": hydra_cfg} if with_hydra else values
 
     def check_kinds(self, overrides: list[str]) -> None:
@@ -230,6 +231,28 @@ class Composer:
                     f"{override} would change the kind of {group}={chosen} and keep its settings; choose the "
                     f"{group} itself instead: {instead}"
                 )
+
+
+def check_logger_list(overrides: list[str]) -> None:
+    """logger=[...] lists trackers: at least one (a run with none is logger=none, as ~logger and logger=null
+    are told), each once, and none alone. Hydra would give [] no logger setting at all, merge [csv,csv]
+    into csv, and [csv,none] into csv."""
+    for override in parse_overrides([o for o in overrides if o.lstrip("+").startswith("logger=")]):
+        names = override.value()
+        if not isinstance(names, list):
+            continue
+        given, once = override.input_line, list(dict.fromkeys(str(name) for name in names))
+        if not names:
+            raise CommandLineError(f"{given} lists no logger; for a run with no loggers use logger=none")
+        if len(once) < len(names):
+            twice = next(name for name in once if [str(n) for n in names].count(name) > 1)
+            raise CommandLineError(f"{given} names {twice} twice; list each logger once: logger=[{','.join(once)}]")
+        if "none" in once and len(once) > 1:
+            others = ",".join(name for name in once if name != "none")
+            raise CommandLineError(
+                f"{given}: none is no tracker and cannot be listed with others; leave it out (logger=[{others}]), "
+                "or use logger=none alone for a run with no loggers"
+            )
 
 
 def is_group(name: str) -> bool:

@@ -351,6 +351,11 @@ BAD_SETTINGS = [
     ),
     (["model="], "model= needs a choice; choose one of: baby, gpt2, gpt2-large, gpt2-medium, gpt2-xl, nano"),
     (["logger=[csv,bogus]"], "logger=bogus is not a choice; choose one of: csv, none, tensorboard, wandb"),
+    # a list of loggers that Hydra would quietly make into another: none at all, csv once, csv alone
+    (["logger=[]"], "logger=[] lists no logger; for a run with no loggers use logger=none"),
+    (["logger=[csv,tensorboard,csv]"], "names csv twice; list each logger once: logger=[csv,tensorboard]"),
+    (["logger=[csv,none]"], "none is no tracker and cannot be listed with others; leave it out (logger=[csv])"),
+    (["-m", "logger=[csv],[wandb,wandb]"], "logger=[wandb,wandb] names wandb twice"),
     (["optim.lr=1e-3,2e-3"], "optim.lr=1e-3,2e-3 gives several values: to train one run for each, add -m"),
     (["~model.n_layer"], "model.n_layer is missing, and a run needs it"),
     (["~samples.seed"], "samples.seed is missing, and a run needs it"),  # each was a traceback after the folder
@@ -388,6 +393,7 @@ def test_good_settings_of_the_same_kinds_are_accepted():
             "samples.prompts=[ROMEO:,'']",
             "logger=[csv,tensorboard]",
         ],
+        ["logger=[none]"],
         ["-m", "optim.lr=1e-3,2e-3", "model.n_layer=range(1,3)"],
         ["model=baby", "--cfg", "job", "--package", "model"],  # the words the flags take are not overrides
         ["--info", "defaults", "optim=muon"],
@@ -484,6 +490,7 @@ def test_run_folder_of_the_users_own_files(tmp_path):
         ["-m", "optim.lr=1e-3,,2e-3"],
         ["-m", "hparams_search=optuna", "hydra.sweeper.storage=sqlite:////no/such/folder/s.db"],
         ["-m", "hparams_search=optuna", "hydra.sweeper.n_jobs=0"],  # the sweeper divided by zero trials
+        ["logger=[]"],
     ],
 )
 def test_train_py_refuses_in_one_line_and_makes_nothing(args, small_text, tmp_path):
