@@ -548,6 +548,8 @@ class Launch:
         """Continue the run at folder from checkpoint: its settings, with what the command line may
         change (checked now), the folder locked, Hydra's record of this command kept apart."""
         continue_settings(checkpoint, requested, named)
+        if self.first:
+            folder.check_continuable()
         if self.first and self.claim_folders:
             claim(folder, new=False)
         kept = [

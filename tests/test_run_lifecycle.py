@@ -240,6 +240,34 @@ def test_a_contradicting_setting_beside_resume_is_refused(small_text, tmp_path):
     assert snapshot(run) == before
 
 
+def test_a_file_of_the_run_replaced_by_a_folder_or_back_is_named_before_anything_changes(small_text, tmp_path):
+    """Each ended in a traceback once the run had been reopened (its result.json rewritten, a resume record
+    added), or as it trained on."""
+    run = stopped_run(small_text, tmp_path, "kill:7", "logger=[tensorboard,csv]")
+    shutil.rmtree(run / "tensorboard")
+    (run / "tensorboard").touch()
+    before = snapshot(run)
+    proc = run_script("train.py", f"resume={run}", cwd=tmp_path)
+    assert proc.returncode == 1
+    printed = f"python {ROOT / 'train.py'} resume={run}"
+    assert one_error_line(proc.stderr) == (
+        f"error: {run / 'tensorboard'} is a file, where the run keeps its tensorboard folder; move it out of the run "
+        f"folder (the run makes a new one), then continue with: {printed}"
+    )
+    assert snapshot(run) == before
+    for name in ("metrics.csv", "samples.md", "train.log", "checkpoints/best.ckpt"):
+        replaced = run / name
+        moved = replaced.rename(tmp_path / "aside")
+        replaced.mkdir()
+        said = train.check_command_line([f"resume={run}"])
+        assert said.startswith(f"{replaced} is a folder, where the run keeps its {replaced.name} file;"), said
+        replaced.rmdir()
+        moved.rename(replaced)
+    (run / "tensorboard").unlink()  # as the message says
+    assert run_printed(printed, tmp_path).returncode == 0
+    assert (run / "tensorboard").is_dir() and json.loads((run / "result.json").read_text())["finished"]
+
+
 def test_a_resumed_run_may_run_longer_and_keeps_its_first_settings_file(small_text, tmp_path):
     run = stopped_run(small_text, tmp_path)
     settings = (run / "config.yaml").read_bytes()

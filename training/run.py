@@ -65,6 +65,8 @@ def train(
     requested = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
     requested.pop("hydra", None)
     checkpoint = resume_point(requested.get("resume"), folder)
+    if checkpoint is not None and main_process:
+        folder.check_continuable()
     taken = claim(folder, new=checkpoint is None) if main_process else None
     try:
         try:

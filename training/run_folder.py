@@ -107,6 +107,13 @@ class RunFolder:
         "loss.png", "samples.md", "tensorboard", "wandb", ".wandb_id",
     )  # fmt: skip
 
+    # what a continued run goes on writing, by name: True for a folder, False for a file
+    KEPT = {
+        ".lock": False, ".hydra": True, LOG_NAME: False, CHECKPOINTS_DIR: True, f"{CHECKPOINTS_DIR}/{LAST_NAME}": False,
+        f"{CHECKPOINTS_DIR}/{BEST_NAME}": False, "result.json": False, "metrics.csv": False, "hparams.yaml": False,
+        "loss.png": False, "samples.md": False, "tensorboard": True, "wandb": True, ".wandb_id": False,
+    }  # fmt: skip
+
     # ---- what the folder holds ---------------------------------------------------------------------
 
     def holds_run(self) -> bool:
@@ -166,6 +173,26 @@ class RunFolder:
                 f"{chosen_by}={self.path} holds files that are not a run's ({listed}); a run writes config.yaml, "
                 "metrics.csv, checkpoints/ and more there, so choose a new or empty folder"
             )
+
+    def check_continuable(self) -> None:
+        """Before a run is continued, and before anything in its folder changes: the folder, and each file
+        of it the run goes on writing, must be what the run made (a folder, or a file) and readable and
+        writable by this user, where the run would stop on it with a traceback, part of it changed."""
+        for path, is_folder in [(self.path, True), *((self.path / name, kind) for name, kind in self.KEPT.items())]:
+            if not (path.exists() or path.is_symlink()):
+                continue  # (a file the run has not written, or a link to a checkpoint moved aside: made anew)
+            if path.is_dir() != is_folder:
+                found, kept = ("a file", "folder") if is_folder else ("a folder", "file")
+                raise RunFolderError(
+                    f"{path} is {found}, where the run keeps its {path.name} {kept}; move it out of the run "
+                    f"folder (the run makes a new one), then continue with: {self.continue_command()}"
+                )
+            if not os.access(path, os.R_OK | os.W_OK | (os.X_OK if is_folder else 0)):
+                mode = "u+rwx" if is_folder else "u+rw"
+                raise RunFolderError(
+                    f"{path} cannot be read and written by this user, and the run goes on writing it; make it so "
+                    f"(chmod {mode} {shlex.quote(str(path))}), then continue with: {self.continue_command()}"
+                )
 
     def continuation(self) -> str:
         """What continuing what is in this folder means: "finished" (nothing is left to do), "resume"
