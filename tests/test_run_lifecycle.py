@@ -191,6 +191,10 @@ def test_a_contradicting_setting_beside_resume_is_refused(small_text, tmp_path):
         "data=pydoc": "contradicts the run being resumed",
         "tokens_per_step=512": "tokens_per_step=512 contradicts",
         "trainer.max_steps=5": "the run is already at step 6, past trainer.max_steps=5; give a larger trainer.max_steps",
+        # the limits a continued run is compared against, of another type: named, where they were a TypeError
+        "trainer.max_steps=abc": "trainer.max_steps must be a whole number, got 'abc'",
+        "trainer.max_steps=null": "trainer.max_steps must be a whole number, got null",
+        "trainer.max_time=abc": "trainer.max_time must be dd:hh:mm:ss (e.g. 00:00:01:15 for 75 seconds), got 'abc'",
         "trainer.strategy=ddp trainer.devices=2 trainer.accelerator=cpu": "this run's global batch, tokens_per_step=256, "
         "cannot be shared by 2 devices: each takes data.batch_size x model.block_size = 8 x 32 = 256 tokens at least",
     }

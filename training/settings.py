@@ -557,6 +557,9 @@ def check_continuation(values: dict[str, Any], step: int, finished: bool = True,
     and before its result was recorded (not `finished`), its end left to finish. A run that ended at
     its time limit (the trainer settings it `was` run with, given when it is continued from its end)
     must be given a longer one."""
+    for key in ("trainer.max_steps", "trainer.max_time"):  # compared below: a value of another type is named
+        if (value := lookup(values, key)) is not ABSENT:
+            SPEC[key].check(key, value)
     max_steps = values["trainer"]["max_steps"]
     max_time, max_time_was = values["trainer"].get("max_time"), (was or {}).get("max_time")
     ended_by_time = finished and max_time_was and not 0 < was["max_steps"] <= step
