@@ -458,6 +458,16 @@ def test_the_latest_link_never_takes_the_place_of_a_users_file_or_folder(tmp_pat
     assert train.check_command_line([f"latest_link={tmp_path / 'link'}"]) is None
 
 
+def test_resume_of_a_latest_link_whose_run_was_deleted_says_so(tmp_path):
+    latest = tmp_path / "outputs" / "latest"
+    latest.parent.mkdir()
+    latest.symlink_to(tmp_path / "outputs" / "gone")
+    assert refused_command_line(f"resume={latest}") == (
+        f"resume={latest} links to {tmp_path / 'outputs' / 'gone'}, which no longer exists; give a run folder that "
+        "does, a checkpoint in one, or resume=auto"
+    )
+
+
 @pytest.mark.skipif(not NO_GPU, reason="float16 trains on a GPU")
 def test_float16_on_a_cpu_is_refused_rather_than_trained_as_bfloat16():
     assert refused_command_line("trainer.precision=16-mixed") == (

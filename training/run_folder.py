@@ -538,6 +538,11 @@ def folder_of(path: str | os.PathLike) -> RunFolder:
         raise RunFolderError(
             f"resume={path}: a checkpoint outside a run folder cannot be resumed; use init_from={path}"
         )
+    if path.is_symlink():  # outputs/latest, its run deleted since
+        raise RunFolderError(
+            f"resume={path} links to {os.readlink(path)}, which no longer exists; give a run folder that does, a "
+            "checkpoint in one, or resume=auto"
+        )
     raise RunFolderError(f"resume={path} does not exist; give a run folder, a checkpoint in one, or resume=auto")
 
 
