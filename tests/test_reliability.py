@@ -202,6 +202,18 @@ def test_resuming_from_an_earlier_checkpoint_sets_the_later_ones_aside(small_tex
     assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 20
 
 
+def test_ctrl_c_twice_while_a_checkpoint_is_written_leaves_no_part_of_it(reference, small_text, tmp_path):
+    run = tmp_path / "run"
+    stopped = run_script("train.py", *args_for(small_text), f"hydra.run.dir={run}", failpoint="ctrl_c_save:4")
+    assert stopped.returncode == 130, stopped.stderr[-2000:]
+    printed = f"python {ROOT / 'train.py'} resume={run}"
+    assert stopped.stderr.rstrip().splitlines()[-1] == f"stopped; continue with: {printed}"
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["last.ckpt", "step-000002.ckpt"]  # no .tmp
+    resumed = run_printed(printed, tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert_bit_equal(run / "checkpoints" / "last.ckpt", reference / "checkpoints" / "last.ckpt")
+
+
 def test_sigkill_at_an_arbitrary_moment(reference, small_text, tmp_path):
     run = tmp_path / "run"
     proc = start_script(

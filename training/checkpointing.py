@@ -58,14 +58,20 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                     out.write(data[: len(data) // 2])
                     out.flush()
                     failpoints.kill_now()
+                if failpoints.once("ctrl_c_save", step):
+                    out.write(data[: len(data) // 2])
+                    failpoints.interrupt_now()
+                    failpoints.interrupt_now()
                 out.write(data)
                 out.flush()
                 os.fsync(out.fileno())
             os.replace(tmp, path)
             fsync_dir(path.parent)
-        except OSError as err:
-            tmp.unlink(missing_ok=True)  # nothing was overwritten: training.run says what is left, and how to go on
-            raise OSError(err.errno, err.strerror, str(path)) from None
+        except BaseException as err:  # a full disk, Ctrl-C twice: nothing was overwritten, and no part is left
+            tmp.unlink(missing_ok=True)
+            if isinstance(err, OSError):  # training.run says what is left, and how to go on
+                raise OSError(err.errno, err.strerror, str(path)) from None
+            raise
 
 
 class FSDP2Strategy(ModelParallelStrategy):

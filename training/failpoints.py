@@ -8,6 +8,8 @@ TINYGPT2_FAILPOINT holds comma-separated points, each `name:first[-last]` in opt
                   written, before the run's result is recorded
     kill_val:5    SIGKILL this process as the validation after step 5 begins
     sigint:5      send this process SIGINT (Ctrl-C) as step 5 begins
+    ctrl_c_save:5 send this process SIGINT twice (Ctrl-C, and again) halfway through writing the first
+                  checkpoint file of step 5
     nan:3-5       make the loss of steps 3 to 5 not a number
     nan_weights:4 make a weight not a number after step 4 (an update that broke the weights)
     enospc:4      fail the first checkpoint write of step 4 with "no space left on device"
