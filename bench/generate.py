@@ -21,6 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench import common  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from model.hf import hf_config_dict, to_hf_state_dict  # noqa: E402
 
@@ -215,4 +216,4 @@ def gpt2_long(model: GPT, quick: bool) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    common.run_benchmark(main)

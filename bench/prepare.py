@@ -31,7 +31,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
+sys.path.insert(0, str(ROOT))
+
+from bench import common  # noqa: E402
+
 PIECE = 65_536
 
 
@@ -55,13 +58,20 @@ def build_corpus(source: Path, folder: Path, megabytes: int) -> int:
 
 
 def child(corpus: str, cache: str) -> None:
-    """One preparation, as `python train.py data=text data.path=corpus` would do it; prints its timing."""
+    """One preparation, as `python train.py data=text data.path=corpus` would do it; prints its timing.
+    Stopped (Ctrl-C) by the benchmark that started it, which says so, it ends without a word."""
+    try:
+        prepare(corpus, cache)
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+def prepare(corpus: str, cache: str) -> None:
     import logging
     import resource
 
     from hydra import compose, initialize_config_dir
 
-    sys.path.insert(0, str(ROOT))
     from data.datamodule import TextDataModule
 
     logging.basicConfig(level=logging.INFO, format="  %(message)s", stream=sys.stderr)
@@ -139,14 +149,13 @@ def load() -> str:
 
 def run_child(corpus: Path, cache: Path, env: dict) -> tuple[dict, MemorySampler, float]:
     started = time.perf_counter()
-    proc = subprocess.Popen(
-        [sys.executable, __file__, "--child", str(corpus), str(cache)], stdout=subprocess.PIPE, env=env, text=True
-    )
-    sampler = MemorySampler(proc.pid)
-    sampler.start()
-    out, _ = proc.communicate()
-    sampler.stopped.set()
-    sampler.join()
+    command = [sys.executable, __file__, "--child", str(corpus), str(cache)]
+    with common.started(command, stdout=subprocess.PIPE, env=env, text=True) as proc:
+        sampler = MemorySampler(proc.pid)
+        sampler.start()
+        out, _ = proc.communicate()
+        sampler.stopped.set()
+        sampler.join()
     if proc.returncode != 0:
         sys.exit(f"the preparation failed (exit {proc.returncode})")
     return json.loads(out.strip().splitlines()[-1]), sampler, time.perf_counter() - started
@@ -182,11 +191,8 @@ def library_throughput(corpus: Path, tokenizer_json: str) -> tuple[float, float,
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mb", type=int, default=200, help="corpus size in megabytes (default 200)")
-    parser.add_argument("--shakespeare", type=Path, default=Path(os.environ.get("TINYSHAKESPEARE", SHAKESPEARE)))
-    parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument("--shakespeare", type=Path, default=common.shakespeare())
     args = parser.parse_args()
-    if args.child:
-        return child(*args.child)
     if args.mb < 1:
         raise SystemExit(f"--mb must be at least 1, got {args.mb}")
     if not args.shakespeare.is_file():
@@ -243,4 +249,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["--child"]:  # run_child's process, with the corpus and the cache folder
+        child(*sys.argv[2:])
+    else:
+        common.run_benchmark(main)

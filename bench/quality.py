@@ -17,16 +17,17 @@ within 6 minutes.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SHAKESPEARE = Path(os.environ.get("TINYSHAKESPEARE", ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"))
+sys.path.insert(0, str(ROOT))
+
+from bench import common  # noqa: E402
+
+SHAKESPEARE = common.shakespeare()
 
 # The default run before the search of bench/README.md ("Quality for time"), written out, so that the
 # current default is measured beside it on any text.
@@ -71,12 +72,11 @@ def run(overrides: str, budget: str, text: str, seconds: int) -> dict:
                 "samples.enabled=false",
             ]
         started = time.perf_counter()
-        proc = subprocess.run([sys.executable, "train.py", *args], cwd=ROOT, capture_output=True, text=True)
+        proc = common.run([sys.executable, "train.py", *args], cwd=ROOT)
         wall = time.perf_counter() - started
         if proc.returncode != 0:
             raise SystemExit(f"train.py {overrides} failed:\n{proc.stderr[-3000:]}")
-        result = json.loads((Path(tmp) / "run" / "result.json").read_text())
-    metrics = result["metrics"]
+        metrics = common.finished_metrics(Path(tmp) / "run", f"train.py {overrides}")
     return {
         "bpc": metrics["val/bpc"],
         "loss": metrics["val/loss"],
@@ -111,10 +111,12 @@ def main() -> None:
         raise SystemExit(f"--seconds and --repeats must be at least 1, got {args.seconds} and {args.repeats}")
     if args.text == "shakespeare" and not SHAKESPEARE.is_file():
         raise SystemExit(f"Tiny Shakespeare not found at {SHAKESPEARE}; set TINYSHAKESPEARE=/path/to/input.txt")
-    for budget in ["75s", "default"] if args.budget == "both" else [args.budget]:
+    for n, budget in enumerate(["75s", "default"] if args.budget == "both" else [args.budget]):
         runs = args.runs or list(BUDGETS[budget])
         what = f"{args.seconds} s of training per run" if budget == "75s" else "the whole process of each run"
-        print(f"\n{args.text}, budget {budget}: {what}, then the whole validation split")
+        if n:
+            print()
+        print(f"{args.text}, budget {budget}: {what}, then the whole validation split")
         print(f"{'run':<60} {'val bpc':>8} {'val loss':>9} {'tokens':>11} {'wall s':>7}")
         for overrides in runs:
             results = []
@@ -138,4 +140,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    common.run_benchmark(main)

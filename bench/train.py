@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
-import os
 import statistics
 import sys
 import tempfile
@@ -33,13 +32,14 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench import common  # noqa: E402
 from data.datamodule import TextDataModule  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from training.flops import cpu_peak_flops, flops_per_token  # noqa: E402
 from training.optim import lr_factor, make_adamw  # noqa: E402
 from training.run import train  # noqa: E402
 
-SHAKESPEARE = Path(os.environ.get("TINYSHAKESPEARE", ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"))
+SHAKESPEARE = common.shakespeare()
 
 SHAPES = {
     # nanoGPT's CPU recipe: 4 layers, 4 heads, 128 wide, context 64, batch 12, characters
@@ -139,7 +139,9 @@ def measure(shape: dict, steps: int, compile_model: bool) -> tuple[float, float,
     bare = BareLoop(cfg, datamodule)
     with tempfile.TemporaryDirectory() as tmp, open(Path(tmp) / "output.txt", "w") as output:
         with contextlib.redirect_stdout(output):  # the progress bar draws there, as it would on a terminal
-            train(cfg, Path(tmp) / "run", extra_callbacks=[bare])
+            result = train(cfg, Path(tmp) / "run", extra_callbacks=[bare])
+    if not result.finished:  # a Ctrl-C or SIGTERM in the training loop, which stops the run, not the script
+        raise common.Terminated if result.stopped_by == "SIGTERM" else KeyboardInterrupt
     warmup = shape["warmup"]
     # run step k (k >= 1) is timed between bare steps k-1 and k; pair it with bare step k
     run, bare_steps = bare.run_seconds[warmup:], bare.bare_seconds[warmup + 1 :]
@@ -170,6 +172,8 @@ def main() -> None:
                 f"--steps {steps_of[name]} leaves fewer than 10 steps after the {shape['warmup']} warm-up steps of "
                 f"{name}; use --steps {shape['warmup'] + 10} or more"
             )
+    if not SHAKESPEARE.is_file():
+        raise SystemExit(f"Tiny Shakespeare not found at {SHAKESPEARE}; set TINYSHAKESPEARE=/path/to/input.txt")
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)  # "GPU available: False", ...
     peak = cpu_peak_flops()  # train.py's train/mfu peak: max(theoretical fp32 rate, fastest rate seen on this machine)
     print(
@@ -203,4 +207,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    common.run_benchmark(main)

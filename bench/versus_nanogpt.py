@@ -22,12 +22,10 @@ split. Ours also writes checkpoints and text samples as a user's run does, nanoG
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import pickle
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,7 +34,11 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-SHAKESPEARE = Path(os.environ.get("TINYSHAKESPEARE", ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"))
+sys.path.insert(0, str(ROOT))
+
+from bench import common  # noqa: E402
+
+SHAKESPEARE = common.shakespeare()
 
 # nanoGPT's README, "I only have a macbook": its CPU command for the character-level Shakespeare recipe.
 NANOGPT_CPU = (
@@ -68,7 +70,7 @@ def nanogpt_copy(checkout: Path, text: Path, into: Path) -> Path:
 
 def timed(command: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, str]:
     started = time.perf_counter()
-    proc = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True)
+    proc = common.run(command, cwd=cwd, env=env)
     wall = time.perf_counter() - started
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(command[:3])} ... failed in {cwd}:\n{proc.stderr[-3000:]}")
@@ -86,7 +88,7 @@ def run_ours(scratch: Path, n: int, env: dict[str, str], *extra: str) -> tuple[f
     run = scratch / f"ours-{n}"
     command = [sys.executable, "train.py", *OURS, f"data.path={SHAKESPEARE}", f"hydra.run.dir={run}", *extra]
     wall, _ = timed(command, ROOT, env)
-    metrics = json.loads((run / "result.json").read_text())["metrics"]
+    metrics = common.finished_metrics(run, "train.py")
     shutil.rmtree(run)
     return wall, metrics["val/loss"]
 
@@ -122,4 +124,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    common.run_benchmark(main)

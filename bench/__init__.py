@@ -1,0 +1,1 @@
+"""The benchmark scripts, each run as `python bench/NAME.py` (see README.md here)."""

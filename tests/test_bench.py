@@ -1,0 +1,77 @@
+"""The benchmark scripts in bench/ as a user runs them: what they refuse, and how they end when stopped."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+
+import pytest
+
+from .common import run_script, script_environment, start_script
+
+
+def plays(path, speeches: int = 2000):
+    """A text shaped like Tiny Shakespeare (speeches of named speakers, blank lines between), ~100 KB."""
+    path.write_text(
+        "\n\n".join(f"SPEAKER{i % 7}:\nWhat light through yonder window {i} breaks?" for i in range(speeches))
+    )
+    return path
+
+
+def test_a_benchmark_stopped_by_ctrl_c_says_so_in_one_line_and_removes_its_temporary_folder(tmp_path):
+    # Ctrl-C at a terminal reaches the whole foreground group: the script and the preparation it runs
+    env = {**script_environment(None, None), "TMPDIR": str(tmp_path)}
+    proc = start_script(
+        "bench/prepare.py",
+        "--mb=1",
+        f"--shakespeare={plays(tmp_path / 'plays.txt')}",
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    corpus = re.search(r"under (\S+)/corpus", proc.stdout.readline()).group(1)
+    next(line for line in proc.stderr if "tokenizing" in line)  # the preparation's first line: under way
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines()[-1] == "stopped by Ctrl-C"
+    assert "Traceback" not in err
+    assert not os.path.exists(corpus)
+    assert [p.name for p in tmp_path.iterdir()] == ["plays.txt"]
+
+
+@pytest.mark.slow
+def test_bench_train_stopped_in_the_training_loop_ends_in_one_line(tmp_path):
+    """The training loop takes Ctrl-C as a stop of the run (a checkpoint, then its end), which the
+    benchmark must not time as a finished run: it divided by the steps it had not measured."""
+    env = {**script_environment(None, "sigint:3"), "TINYSHAKESPEARE": str(plays(tmp_path / "plays.txt"))}
+    proc = run_script("bench/train.py", "--quick", "--shapes", "nanogpt-cpu", "--steps", "40", env=env)
+    assert proc.returncode == 130, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == "stopped by Ctrl-C"
+    assert "Traceback" not in proc.stderr
+    assert "nanogpt-cpu" not in proc.stdout  # no row of figures
+
+
+def test_quality_refuses_a_run_that_a_signal_stopped_before_its_end(tmp_path):
+    """A signal sent to train.py alone stops it early, with its checkpoint, and exit status 0: its
+    result.json holds no final validation."""
+    tiny = "model.n_layer=1 model.n_head=2 model.n_embd=32 tokenizer.vocab_size=300"
+    env = script_environment(None, "sigint:2")
+    proc = run_script("bench/quality.py", "--budget=75s", "--text=pydoc", "--seconds=20", "--runs", tiny, env=env)
+    assert proc.returncode == 1, proc.stderr
+    assert (
+        proc.stderr.strip()
+        == f"error: train.py {tiny} was stopped before its end (a signal sent to it); it has no figures"
+    )
+
+
+def test_bench_train_without_tiny_shakespeare_says_so_in_one_line(tmp_path):
+    env = {**script_environment(None, None), "TINYSHAKESPEARE": str(tmp_path / "missing.txt")}
+    proc = run_script("bench/train.py", "--quick", env=env)
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == (
+        f"Tiny Shakespeare not found at {tmp_path / 'missing.txt'}; set TINYSHAKESPEARE=/path/to/input.txt"
+    )
