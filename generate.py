@@ -182,7 +182,13 @@ def generate_text(
         out.write(text)
         out.flush()
 
-    result = session.complete(prompt, sampling, args.num_samples, generators, on_text=show if live else None)
+    try:
+        result = session.complete(prompt, sampling, args.num_samples, generators, on_text=show if live else None)
+    except KeyboardInterrupt:
+        if live:  # the cut sample's line ends as a finished one's does, so the next answer starts a line
+            out.write("\n")
+            out.flush()
+        raise
     if live:
         out.write("\n")
     else:
@@ -259,13 +265,16 @@ def run(args: argparse.Namespace) -> int:
     prompts = iter([args.prompt])
     if args.interactive:  # --prompt, if given, is answered first
         prompts = itertools.chain([args.prompt] if args.prompt else [], read_prompts())
+    # Ctrl-C stops one sample where someone types the prompts and is asked for the next; prompts read
+    # from a file or a pipe have no one to ask, so there it ends the run, as it ends a one-off run
+    stop_one = args.interactive and typed_at_terminal()
     for count, prompt in enumerate(prompts):
         try:
             result = generate_text(session, prompt, args, generators, fresh_seeds=count == 0)
         except KeyboardInterrupt:
-            if not args.interactive:
+            if not stop_one:
                 raise
-            print("\n[stopped]", file=sys.stderr)
+            print("[stopped]" if args.num_samples == 1 else "\n[stopped]", file=sys.stderr)
             continue
         except PromptError as err:
             if not args.interactive:
@@ -283,7 +292,7 @@ def read_prompts():
     (Ctrl-D) or Ctrl-C."""
     if sys.stdin is None:  # started with stdin closed (`<&-`): no lines, as from an empty file
         return
-    tty = sys.stdin.isatty()
+    tty = typed_at_terminal()
     if hasattr(sys.stdin, "reconfigure"):  # bytes that are not UTF-8 reach the prompt check, which names them
         sys.stdin.reconfigure(errors="surrogateescape")
     if tty:
@@ -300,6 +309,11 @@ def read_prompts():
         prompt = line.rstrip("\r\n").replace("\\n", "\n")
         if prompt:
             yield prompt
+
+
+def typed_at_terminal() -> bool:
+    """Prompts come from someone at a terminal (not a file, a pipe or a closed stdin)."""
+    return sys.stdin is not None and sys.stdin.isatty()
 
 
 if __name__ == "__main__":

@@ -708,6 +708,75 @@ def test_ctrl_c_at_any_moment_gives_no_traceback(program, tiny_run, tmp_path):
         shutil.rmtree(tmp_path / "x", ignore_errors=True)
 
 
+def read_until(fd: int, text: bytes, timeout: float = 120) -> bytes:
+    """What a terminal shows, read from its other end until `text` appears."""
+    import select
+
+    shown, deadline = b"", time.time() + timeout
+    while text not in shown:
+        assert time.time() < deadline, shown
+        if select.select([fd], [], [], 1.0)[0]:
+            shown += os.read(fd, 65536)
+    return shown
+
+
+def wait_for_text(file: Path, count: int, timeout: float = 120) -> None:
+    deadline = time.time() + timeout
+    while not file.exists() or file.stat().st_size < count:
+        assert time.time() < deadline
+        time.sleep(0.05)
+
+
+def test_ctrl_c_at_a_terminal_stops_the_sample_and_asks_for_the_next(no_start_token_run, tmp_path):
+    """Typed prompts: Ctrl-C ends the sample being written (its line ends in the output, so the next
+    answer starts a line of its own) and asks for the next prompt; Ctrl-D quits. The model knows no
+    <|endoftext|>, so a sample ends only when stopped."""
+    import pty
+
+    main, terminal = pty.openpty()
+    out = tmp_path / "out.txt"
+    args = ["--ckpt", str(no_start_token_run), "--interactive", "--max-new-tokens", "1000000"]
+    with out.open("w") as stdout:
+        proc = start_script("generate.py", *args, cwd=tmp_path, stdin=terminal, stdout=stdout, stderr=terminal)
+    os.close(terminal)
+    try:
+        read_until(main, b"> ")
+        for prompt in ("ROMEO:", "JULIET:"):
+            written = out.stat().st_size
+            os.write(main, prompt.encode() + b"\n")
+            wait_for_text(out, written + len(prompt) + 20)  # the prompt and some of its sample
+            proc.send_signal(signal.SIGINT)  # what the terminal sends on Ctrl-C
+            read_until(main, b"[stopped]\r\n> ")
+        os.write(main, b"\x04")
+        assert proc.wait(timeout=120) == 0
+    finally:
+        os.close(main)
+        if proc.poll() is None:
+            proc.kill()
+    text = out.read_text()
+    assert text.startswith("ROMEO:") and "\nJULIET:" in text and text.endswith("\n")
+
+
+def test_ctrl_c_with_prompts_from_a_file_ends_the_run(no_start_token_run, tmp_path):
+    """`--interactive < prompts.txt`: no one is there to type the next prompt, so Ctrl-C ends the run
+    (130), as it ends a one-off run, instead of going on to the next line of the file."""
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("ROMEO:\nJULIET:\nKING:\n")
+    args = ["--ckpt", str(no_start_token_run), "--interactive", "--max-new-tokens", "1000000"]
+    with prompts.open() as stdin:
+        proc = start_script(
+            "generate.py", *args, cwd=tmp_path, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+    proc.stdout.read(len("ROMEO:") + 20)  # sampling for the first line
+    proc.send_signal(signal.SIGINT)
+    try:
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130 and "[stopped]" not in err and "Traceback" not in err, err
+    assert "JULIET:" not in out and out.endswith("\n")
+
+
 def test_asking_for_more_than_memory_holds_is_one_line_with_what_to_ask_instead(tiny_run, tmp_path):
     """1,024 samples of a million tokens each want 8 GiB of token ids at once: in a process whose
     address space is capped at 6 GiB (as a container's, or a machine without overcommit, caps it),
