@@ -268,19 +268,22 @@ def run(args: argparse.Namespace) -> int:
     # Ctrl-C stops one sample where someone types the prompts and is asked for the next; prompts read
     # from a file or a pipe have no one to ask, so there it ends the run, as it ends a one-off run
     stop_one = args.interactive and typed_at_terminal()
-    for count, prompt in enumerate(prompts):
+    fresh = True  # the generators have drawn nothing yet (a refused prompt draws nothing)
+    for prompt in prompts:
         try:
-            result = generate_text(session, prompt, args, generators, fresh_seeds=count == 0)
+            result = generate_text(session, prompt, args, generators, fresh_seeds=fresh)
         except KeyboardInterrupt:
             if not stop_one:
                 raise
             print("[stopped]" if args.num_samples == 1 else "\n[stopped]", file=sys.stderr)
+            fresh = False
             continue
         except PromptError as err:
             if not args.interactive:
                 raise
             print(f"error: {err}", file=sys.stderr)
             continue
+        fresh = False
         print(summary(result, args, model.config.block_size, loaded.path), file=sys.stderr)
         if args.attention_png is not None:
             print(save_attention(model, tokenizer, result, args.attention_png), file=sys.stderr)

@@ -309,6 +309,15 @@ def test_interactive_refuses_a_line_that_is_not_utf8_and_answers_the_next(tiny_r
     assert proc.stdout.decode().startswith("JULIET:")
 
 
+def test_interactive_batch_after_a_refused_line_names_the_seeds_it_repeats(tiny_run, tmp_path):
+    """A refused line draws nothing: the first batch answered is a one-off run's, headers and all."""
+    args = ["--ckpt", str(tiny_run), "--num-samples", "2", "--max-new-tokens", "8"]
+    one_off = generate_process(*args, "--prompt", "ROMEO:", cwd=tmp_path)
+    session = generate_process(*args, "--interactive", stdin=b"ROM\xe9O:\nROMEO:\n", cwd=tmp_path)
+    assert session.returncode == one_off.returncode == 0
+    assert session.stdout == one_off.stdout and b"(seed 1338)" in one_off.stdout
+
+
 def test_interactive_with_stdin_closed_answers_the_prompt_and_ends(tiny_run, tmp_path):
     """As `<&-` starts it: Python has no sys.stdin at all, which reads as an empty input."""
     proc = subprocess.run(
