@@ -243,8 +243,8 @@ def read_checkpoint(path: str | Path, map_location="cpu") -> dict[str, Any]:
     """The checkpoint's dict, loaded without running any pickled code."""
     path = resolve_checkpoint(path)
     ckpt = safe_torch_load(path, map_location)
-    if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
-        raise CheckpointError(f"{path} is not a tinygpt2 checkpoint (it has no state_dict)")
+    if not isinstance(ckpt, dict) or not isinstance(ckpt.get("state_dict"), dict):
+        raise CheckpointError(f"{path} is not a tinygpt2 checkpoint (it has no state_dict of weights)")
     return ckpt
 
 

@@ -549,6 +549,12 @@ def test_a_file_that_is_no_checkpoint_is_named_so(tiny_run, tmp_path, capsys, mo
         )
     with pytest.raises(CheckpointError, match="notes.txt is not a checkpoint"):  # as init_from= reads it
         read_weights(tmp_path / "notes.txt")
+    for name, saved in (("other.ckpt", {"epoch": 3}), ("listed.ckpt", {"state_dict": [torch.zeros(2)]})):
+        torch.save(saved, tmp_path / name)  # another program's checkpoint
+        assert generate.main(["--ckpt", name, "--prompt", "x"]) == 1
+        assert one_error_line(capsys.readouterr().err) == (
+            f"error: {name} is not a tinygpt2 checkpoint (it has no state_dict of weights)"
+        )
     renamed = tmp_path / "weights.bak"
     renamed.write_bytes((tiny_run / "checkpoints" / "last.ckpt").read_bytes()[:2000])
     assert generate.main(["--ckpt", str(renamed), "--prompt", "x"]) == 1
