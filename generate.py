@@ -308,6 +308,8 @@ def read_prompts():
             print("> ", end="", file=sys.stderr, flush=True)
         line = sys.stdin.readline()
         if not line:
+            if tty:  # Ctrl-D after "> ": the shell's prompt comes on a line of its own
+                print(file=sys.stderr)
             return
         prompt = line.rstrip("\r\n").replace("\\n", "\n")
         if prompt:

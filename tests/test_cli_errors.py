@@ -709,14 +709,17 @@ def test_ctrl_c_at_any_moment_gives_no_traceback(program, tiny_run, tmp_path):
 
 
 def read_until(fd: int, text: bytes, timeout: float = 120) -> bytes:
-    """What a terminal shows, read from its other end until `text` appears."""
+    """What a terminal shows, read from its other end until `text` appears (or the program is gone)."""
     import select
 
     shown, deadline = b"", time.time() + timeout
     while text not in shown:
         assert time.time() < deadline, shown
         if select.select([fd], [], [], 1.0)[0]:
-            shown += os.read(fd, 65536)
+            try:
+                shown += os.read(fd, 65536)
+            except OSError:  # no program has the terminal open any more
+                break
     return shown
 
 
@@ -729,8 +732,8 @@ def wait_for_text(file: Path, count: int, timeout: float = 120) -> None:
 
 def test_ctrl_c_at_a_terminal_stops_the_sample_and_asks_for_the_next(no_start_token_run, tmp_path):
     """Typed prompts: Ctrl-C ends the sample being written (its line ends in the output, so the next
-    answer starts a line of its own) and asks for the next prompt; Ctrl-D quits. The model knows no
-    <|endoftext|>, so a sample ends only when stopped."""
+    answer starts a line of its own) and asks for the next prompt; Ctrl-D quits, ending the prompt's
+    line. The model knows no <|endoftext|>, so a sample ends only when stopped."""
     import pty
 
     main, terminal = pty.openpty()
@@ -749,6 +752,7 @@ def test_ctrl_c_at_a_terminal_stops_the_sample_and_asks_for_the_next(no_start_to
             read_until(main, b"[stopped]\r\n> ")
         os.write(main, b"\x04")
         assert proc.wait(timeout=120) == 0
+        assert read_until(main, b"\n").endswith(b"\r\n")  # Ctrl-D ends the "> " line
     finally:
         os.close(main)
         if proc.poll() is None:
