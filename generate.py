@@ -32,7 +32,7 @@ from generation.checkpoint import CheckpointError, given_or_newest, load_checkpo
 from generation.cli import Parser, exit_quietly, given_path, number, run_program, whole_number
 from generation.output import OutputError, cannot_write
 from generation.session import Completion, PromptError, Sampling, Session
-from generation.text import token_label
+from generation.text import token_label, visible
 
 
 class UsageError(ValueError):
@@ -171,15 +171,16 @@ def generate_text(
     generators[i]; a single sample streams to out (default stdout). `fresh_seeds`: the generators
     have drawn nothing yet, so a batch's headers can name the seed that repeats each sample."""
     out = out or sys.stdout
+    shown = visible if is_terminal(out) else str  # a file or a pipe gets the text as it is
     sampling = Sampling(args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.stop, not args.no_cache)
     live = args.num_samples == 1  # one sample prints token by token; a batch prints each sample at the end
     session.encode(prompt)  # a refused prompt prints nothing
     if live:
-        out.write(prompt)
+        out.write(shown(prompt))
         out.flush()
 
     def show(text: str) -> None:
-        out.write(text)
+        out.write(shown(text))
         out.flush()
 
     try:
@@ -194,9 +195,16 @@ def generate_text(
     else:
         for row, text in enumerate(result.texts):
             seed = f" (seed {args.seed + row})" if fresh_seeds else ""
-            out.write(f"{'-' * 20} sample {row + 1}{seed} {'-' * 20}\n{prompt}{text}\n")
+            out.write(f"{'-' * 20} sample {row + 1}{seed} {'-' * 20}\n{shown(prompt + text)}\n")
     out.flush()
     return result
+
+
+def is_terminal(out) -> bool:
+    try:
+        return out.isatty()
+    except (AttributeError, ValueError):  # stdout closed (`>&-`, a None stream), or a stream without one
+        return False
 
 
 def summary(result: Completion, args: argparse.Namespace, block_size: int, source: Path | None) -> str:

@@ -80,6 +80,14 @@ class TextStream:
         return out
 
 
+def visible(text: str) -> str:
+    """text as a terminal should show it: control characters other than line breaks and tabs (ESC,
+    backspace, \\r, which a model may write as any other byte) escaped as \\x1b, \\x08, \\r, so that
+    they are seen rather than obeyed (an ESC sequence can move the cursor, clear the screen or leave
+    the terminal in another colour)."""
+    return "".join(c if c in "\n\t" or unicodedata.category(c) != "Cc" else ascii(c)[1:-1] for c in text)
+
+
 def byte_level_alphabet() -> dict[str, int]:
     """GPT-2's byte-level BPE writes each byte as one character in its vocabulary: the printable Latin-1
     bytes as themselves, the other bytes (controls, the space, ...) as the characters from U+0100 on."""

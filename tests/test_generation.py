@@ -343,6 +343,16 @@ def test_the_summary_starts_a_line_of_its_own_in_a_terminal(tiny_run, tmp_path):
         assert len(summary) == 1 and summary[0].startswith("["), screen
 
 
+def test_control_characters_are_shown_escaped_in_a_terminal_and_kept_in_a_pipe(tiny_run, tmp_path):
+    """A byte-level model may write ESC or backspace as any other byte: a terminal shows them as
+    \\x1b, \\x08 rather than obeying them; a file or a pipe gets the text as it is."""
+    args = ["--ckpt", str(tiny_run), "--prompt", "ROMEO:\x1b[2J\x08\tO", "--max-new-tokens", "30"]
+    status, screen = run_in_terminal("generate.py", *args, cwd=tmp_path, timeout=300)
+    assert status == 0 and screen.startswith("ROMEO:\\x1b[2J\\x08\tO"), screen
+    assert not any(c in screen for c in "\x1b\x08"), screen
+    assert generate_process(*args, cwd=tmp_path).stdout.startswith(b"ROMEO:\x1b[2J\x08\tO")
+
+
 def test_training_samples_are_what_generate_py_writes_with_the_same_settings(tiny_run, tiny_gpt, capsys):
     """The samples written during training and generate.py go through one session: same encoding,
     same stop at <|endoftext|>, same text for the same seed."""
