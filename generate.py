@@ -311,7 +311,7 @@ def read_prompts():
             "type a prompt and press Enter; \\n makes a line break, Ctrl-C stops a sample, Ctrl-D quits",
             file=sys.stderr,
         )
-    while True:
+    for count in itertools.count():
         if tty:
             print("> ", end="", file=sys.stderr, flush=True)
         line = sys.stdin.readline()
@@ -319,6 +319,8 @@ def read_prompts():
             if tty:  # Ctrl-D after "> ": the shell's prompt comes on a line of its own
                 print(file=sys.stderr)
             return
+        if count == 0:  # a byte-order mark, which some editors put at the start of a UTF-8 file, is no text
+            line = line.removeprefix("\ufeff")
         prompt = line.rstrip("\r\n").replace("\\n", "\n")
         if prompt:
             yield prompt

@@ -318,6 +318,15 @@ def test_interactive_batch_after_a_refused_line_names_the_seeds_it_repeats(tiny_
     assert session.stdout == one_off.stdout and b"(seed 1338)" in one_off.stdout
 
 
+def test_interactive_prompts_from_a_file_that_starts_with_a_byte_order_mark(tiny_run, tmp_path):
+    """A file saved as "UTF-8 with BOM" (Windows editors): the mark is not part of the first prompt."""
+    args = ["--ckpt", str(tiny_run), "--max-new-tokens", "8"]
+    one_off = generate_process(*args, "--prompt", "ROMEO:", cwd=tmp_path)
+    session = generate_process(*args, "--interactive", stdin="\ufeffROMEO:\r\n".encode(), cwd=tmp_path)
+    assert session.returncode == one_off.returncode == 0
+    assert session.stdout == one_off.stdout
+
+
 def test_interactive_with_stdin_closed_answers_the_prompt_and_ends(tiny_run, tmp_path):
     """As `<&-` starts it: Python has no sys.stdin at all, which reads as an empty input."""
     proc = subprocess.run(
