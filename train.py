@@ -42,7 +42,7 @@ from data.sources import check_files
 from generation.checkpoint import CheckpointError, read_header
 from training.checks import ABSENT, SettingError, check_writable, lookup, trainer_parameters
 from training.ctrl_c import WATCH, unblock_ctrl_c
-from training.errors import USER_ERRORS, RunWriteError, TrainingDiverged
+from training.errors import USER_ERRORS, ProcessLost, RunWriteError, TrainingDiverged
 from training.run_folder import (
     SWEEP_RECORD,
     SWEEPS_ROOT,
@@ -1258,8 +1258,10 @@ def run_job(cfg: DictConfig) -> float | None:
                 run_dir / hydra_cfg.output_subdir, ignore_errors=True
             )  # a refused resume leaves its run as it was
         if not multirun or isinstance(err, RunWriteError):  # a full disk stops a sweep too
-            if isinstance(err, TrainingDiverged):
+            if isinstance(err, ProcessLost) or (isinstance(err, TrainingDiverged) and process_rank() == 0):
                 to_log_file(f"error: {err}")  # the run's own log says how it ended
+            if process_rank() != 0 and isinstance(err, TrainingDiverged | ProcessLost):
+                sys.exit(1)  # every process meets a divergence alike, and another's end is the first's to tell
             sys.exit(f"error: {err}")
         log.error("error: %s", err)  # one job of a sweep: recorded, and the sweep goes on
         if isinstance(err, RunFolderError) or requested.get("resume"):  # a folder this job could not have, or

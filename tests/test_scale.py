@@ -22,6 +22,7 @@ from .common import (
     only_run,
     run_script,
     script_environment,
+    start_script,
 )
 
 pytestmark = pytest.mark.slow
@@ -245,3 +246,43 @@ def test_ctrl_c_while_the_processes_of_a_ddp_run_start_takes_the_run_back(small_
     assert err.rstrip().splitlines()[-1] == "stopped before the run's first checkpoint; nothing was kept"
     assert err.count("\nstopped") == 1  # the first process says it; the others say nothing
     assert not (tmp_path / "outputs").exists()
+
+
+@pytest.mark.parametrize(
+    "failpoint, said",
+    [("enospc:4", "error: the disk is full: writing "), ("nan:2-6", "error: training diverged: ")],
+)
+def test_an_error_that_stops_a_ddp_run_is_said_once_without_a_traceback(failpoint, said, small_text, tmp_path):
+    """A checkpoint the first process cannot write, or a divergence every process meets: the other
+    process, its partner gone, ends quietly (its words in train.log), and the command says it once."""
+    args = ["trainer.strategy=ddp", "trainer.devices=2", "tokens_per_step=512", "trainer.max_steps=8"]
+    args += ["checkpoint.every_n_steps=2", "optim.max_nonfinite_in_a_row=3", f"data.path={small_text}"]
+    proc = run_script("train.py", *TINY_OVERRIDES, *args, "hydra.run.dir=run", cwd=tmp_path, failpoint=failpoint)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and errors[0].startswith(said), proc.stderr[-3000:]
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="finds the launch's processes in /proc")
+def test_a_ddp_run_whose_other_process_is_killed_stops_in_one_line_that_says_how_to_continue(small_text, tmp_path):
+    """kill -9 of one of the processes Lightning started (the kernel's out-of-memory killer, say): the
+    first ends at its next exchange with it, in one line with the command that continues the run."""
+    args = ["trainer.strategy=ddp", "trainer.devices=2", "tokens_per_step=512", *TINY_OVERRIDES]
+    args += ["trainer.max_steps=100000", "checkpoint.every_n_steps=2", f"data.path={small_text}", "hydra.run.dir=run"]
+    proc = start_script("train.py", *args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.time() + 300
+        while not list((tmp_path / "run" / "checkpoints").glob("step-*.ckpt")) and time.time() < deadline:
+            time.sleep(0.1)
+        (child,) = launched_children(proc.pid)
+        os.kill(child, signal.SIGKILL)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1 and "Traceback" not in err, err[-3000:]
+    last = err.rstrip().splitlines()[-1]
+    assert err.count("error: ") == 1 and last.startswith(
+        "error: another process of this run ended (killed, or by an error of its own, printed"
+    )
+    assert last.endswith(f"Continue with `python {ROOT / 'train.py'} resume={tmp_path / 'run'}`")

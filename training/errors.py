@@ -21,6 +21,11 @@ class TrackerError(RuntimeError):
     """A tracker (wandb) could not start the run's log; nothing was trained."""
 
 
+class ProcessLost(RuntimeError):
+    """Another process of a multi-process run ended (killed, or stopped by an error of its own) or
+    stopped answering while this one trained. The message says what is left and how to go on."""
+
+
 class TrainingDiverged(RuntimeError):
     """Training cannot go on: too many non-finite losses in a row, or weights no longer finite. The
     message says what happened; `instead` is a remedy other than a lower learning rate (training.run
@@ -40,4 +45,5 @@ USER_ERRORS = (
     RunWriteError,
     TrackerError,
     TrainingDiverged,
+    ProcessLost,
 )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -23,7 +24,7 @@ from data.writes import refused_write
 from .callbacks import LossCurve, ProgressBar, TextSamples, Throughput, ValidateAtEnd
 from .checkpointing import AtomicCheckpointIO, GracefulStop, PeriodicCheckpoints
 from .ctrl_c import block_for_children, unblock_ctrl_c
-from .errors import USER_ERRORS, RunWriteError, TrackerError, TrainingDiverged
+from .errors import USER_ERRORS, ProcessLost, RunWriteError, TrackerError, TrainingDiverged
 from .init_from import Start
 from .loggers import build_loggers, finish_loggers
 from .module import GPTModule
@@ -206,16 +207,18 @@ def fit(
             # stopped after its last step, before its final validation: fit had no step to train
             trainer.validate(module, datamodule=data, verbose=False)
     except Exception as err:
-        if isinstance(err, USER_ERRORS) or (cannot := refused_write(err)) is None:
+        if isinstance(err, USER_ERRORS):
             raise  # (a diverged run, a tracker that failed: said in their own words)
-        fix = cannot.fix[0].upper() + cannot.fix[1:]
-        if folder.has_checkpoint():
-            then = f"the checkpoints in {folder.checkpoints} are as they were last written. {fix}, then continue with "
-            then += f"`{folder.continue_command()}`"
-        else:
-            then = f"the run has no checkpoint yet. {fix}, then start it again{folder.start_again() or ''}"
+        if trainer.world_size > 1 and (why := lost_touch(err)):
+            raise ProcessLost(
+                "another process of this run ended (killed, or by an error of its own, printed above) or stopped "
+                f"answering while it trained ({why}); {how_to_go_on(folder)}"
+            ) from None
+        if (cannot := refused_write(err)) is None:
+            raise
         raise RunWriteError(
-            f"{cannot}: writing {cannot.filename or 'a file of the run'} failed while training; {then}"
+            f"{cannot}: writing {cannot.filename or 'a file of the run'} failed while training; "
+            + how_to_go_on(folder, cannot.fix)
         ) from None
     finally:
         unblock_ctrl_c()  # (where training never started: see block_for_children)
@@ -233,6 +236,30 @@ def fit(
         prompt=sample_prompts(settings.values)[0],
         fallback=settings.tokens.fallback,
     )
+
+
+def how_to_go_on(folder: RunFolder, fix: str = "") -> str:
+    """What is left of a run stopped by an error while it trained, and how it goes on: `fix` (what to
+    do first), then the command that continues it or starts it again."""
+    if folder.has_checkpoint():
+        left = f"the checkpoints in {folder.checkpoints} are as they were last written"
+        command = f"continue with `{folder.continue_command()}`"
+    else:
+        left, command = "the run has no checkpoint yet", f"start it again{folder.start_again() or ''}"
+    then = f"{fix}, then {command}" if fix else command
+    return f"{left}. {then[0].upper()}{then[1:]}"
+
+
+def lost_touch(err: BaseException) -> str | None:
+    """What the communication between a run's processes said, in a few words, where err is its failure:
+    another process ended (killed, or stopped by an error of its own) or stopped answering. gloo (CPUs)
+    raises a RuntimeError naming its source file, NCCL (GPUs) a torch.distributed.DistError. None for
+    any other error."""
+    line = (str(err).strip().splitlines() or [""])[0]
+    if not isinstance(err, torch.distributed.DistError) and not (isinstance(err, RuntimeError) and "/gloo/" in line):
+        return None
+    said = re.sub(r"^\[[^\]]*\]\s*", "", line).split(". ")[0]  # without gloo's "[.../pair.cc:553] "
+    return said[:200] or type(err).__name__
 
 
 def start_loggers(loggers: list, saved: dict) -> None:
