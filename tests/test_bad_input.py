@@ -160,6 +160,8 @@ BAD_SETTINGS = [
         "trainer.precision must be a Lightning precision such as 32-true, bf16-mixed or 16-mixed, got [32]",
     ),
     (["trainer.strategy=dpp"], "trainer settings: You selected an invalid strategy name"),
+    # processes made from the first by Python's multiprocessing: what they train never comes back to it
+    (["trainer.strategy=ddp_spawn", "trainer.devices=2"], "trainer.strategy=ddp_spawn trains in processes made from"),
     # removing a setting that is already unset, which Hydra cannot delete, is not an unknown setting
     (["~init_from"], "~init_from: init_from is already unset (null): leave ~init_from out"),
     (["~trainer.max_time"], "~trainer.max_time: trainer.max_time is already unset (null): leave ~trainer.max_time out"),

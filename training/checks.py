@@ -733,7 +733,23 @@ def probe_trainer(trainer_args: dict[str, Any], strategy: Any, precision: str) -
     finally:
         quiet.setLevel(level)
     check_nodes(trainer)
+    check_launcher(trainer, strategy)
     return trainer.world_size
+
+
+def check_launcher(trainer: Any, strategy: Any) -> None:
+    """A strategy whose processes Python's multiprocessing makes from this one (ddp_spawn, ddp_fork,
+    ddp_notebook) trains in them alone: this process would see none of it (a Ctrl-C would end them with
+    no checkpoint, and the run's result would lack its training values). Refused for ddp, which starts
+    each process as a command of its own, with the same training."""
+    from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
+
+    if isinstance(trainer.strategy.launcher, _MultiProcessingLauncher):
+        raise SettingError(
+            f"trainer.strategy={strategy} trains in processes made from this one, which a run cannot stop with a "
+            "checkpoint nor take its results from; use trainer.strategy=ddp (the same training, each process "
+            "started as a command)"
+        )
 
 
 def check_nodes(trainer: Any) -> None:
