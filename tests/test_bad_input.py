@@ -154,6 +154,10 @@ BAD_SETTINGS = [
     (["trainer.gradient_clip_val=-1"], "trainer.gradient_clip_val must be at least 0, got -1"),
     (["trainer.devices=0"], "trainer.devices must be a number of devices"),
     (["trainer.devices=1.5"], "trainer.devices must be a number of devices"),
+    *(
+        ([f"trainer.devices={devices}", "trainer.accelerator=cpu"], f"trainer.devices={shown} is for GPUs")
+        for devices, shown in (("-1", "-1"), ("[0,1]", "[0, 1]"))
+    ),
     (["trainer.precision=bf17"], "trainer settings: Precision 'bf17' is invalid. Allowed precision values: ("),
     (
         ["trainer.precision=[32]"],

@@ -277,6 +277,13 @@ def check(values: dict[str, Any], new_run: bool = True) -> tuple[dict[str, Any],
             raise SettingError(
                 "trainer.accelerator=mps: MPS is not available here; use trainer.accelerator=cpu or auto"
             )
+        devices = trainer.get("devices", "auto")
+        if on_cpu(accelerator, machine) and (devices == -1 or isinstance(devices, list) or "," in str(devices)):
+            raise SettingError(
+                f"trainer.devices={shown(devices)} is for GPUs (-1: every one; a list: the ones named), and this run "
+                "trains on CPUs, where a device is a process: give their number, e.g. trainer.devices=2 (this machine "
+                f"has {os.cpu_count()} CPU cores)"
+            )
         trainer["precision"] = choose_precision(trainer.get("precision"), accelerator, machine)
         values["compile"] = choose_compile(values.get("compile"), accelerator, machine)
         check_fsdp(values)
