@@ -382,6 +382,22 @@ def test_bad_settings_of_every_kind_are_refused_in_one_line(args, message):
     assert message in refused_command_line(*args)
 
 
+def test_devices_that_do_not_count_the_processes_torchrun_started_are_refused(monkeypatch):
+    # what torchrun --standalone --nproc_per_node=2 gives each process it starts (here, its first)
+    torchrun = {"RANK": "0", "LOCAL_RANK": "0", "GROUP_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
+    for key, value in {
+        **torchrun,
+        "TORCHELASTIC_RUN_ID": "test",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "1",
+    }.items():
+        monkeypatch.setenv(key, value)
+    assert refused_command_line("trainer.strategy=ddp", "trainer.devices=3") == (
+        "trainer.devices=3 x trainer.num_nodes=1 asks for 3 processes, but torchrun started 2; give trainer.devices "
+        "as the processes it starts on each machine (trainer.devices=2)"
+    )
+
+
 def test_good_settings_of_the_same_kinds_are_accepted():
     for args in (
         ["optim.betas=[0.8,0.9]", "optim.schedule=linear", "seed=1e3", "trainer.max_steps=2e3"],

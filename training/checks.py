@@ -733,8 +733,29 @@ def probe_trainer(trainer_args: dict[str, Any], strategy: Any, precision: str) -
     finally:
         quiet.setLevel(level)
     check_nodes(trainer)
+    check_launched(trainer)
     check_launcher(trainer, strategy)
     return trainer.world_size
+
+
+def check_launched(trainer: Any) -> None:
+    """Processes a launcher started (torchrun, SLURM's srun) train as they are: trainer.devices and
+    trainer.num_nodes must count them, or each would end in Lightning's ValueError as it began training."""
+    environment = getattr(trainer.strategy, "cluster_environment", None)
+    if environment is None or not environment.creates_processes_externally:
+        return
+    try:
+        environment.validate_settings(num_devices=trainer.num_devices, num_nodes=trainer.num_nodes)
+    except ValueError:
+        launcher = {"TorchElasticEnvironment": "torchrun", "SLURMEnvironment": "SLURM"}.get(
+            type(environment).__name__, "the launcher"
+        )
+        devices, nodes, started = trainer.num_devices, trainer.num_nodes, environment.world_size()
+        raise SettingError(
+            f"trainer.devices={devices} x trainer.num_nodes={nodes} asks for {devices * nodes} processes, but "
+            f"{launcher} started {started}; give trainer.devices as the processes it starts on each machine"
+            + (f" (trainer.devices={started // nodes})" if started % nodes == 0 else "")
+        ) from None
 
 
 def check_launcher(trainer: Any, strategy: Any) -> None:
