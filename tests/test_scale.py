@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -86,9 +87,17 @@ def test_a_ddp_run_stopped_and_continued_on_one_device_matches_one_device_throug
     stopped = run_script("train.py", *common, *ddp, "hydra.run.dir=moved", cwd=tmp_path, failpoint="sigint:3")
     assert stopped.returncode == 0 and "stopped by SIGINT at step 3" in stopped.stdout + stopped.stderr, stopped.stderr
     resumed = run_script(
-        "train.py", f"resume={tmp_path / 'moved'}", "trainer.strategy=auto", "trainer.devices=1", cwd=tmp_path
+        "train.py",
+        f"resume={tmp_path / 'moved'}",
+        "trainer.strategy=auto",
+        "trainer.devices=1",
+        "trainer.enable_progress_bar=true",
+        cwd=tmp_path,
     )
     assert resumed.returncode == 0, resumed.stderr[-2000:]
+    # the bar counts micro-batches, 2 a step now: from step 3's to step 6's, never back (a negative rate)
+    counts = [int(n) for n in re.findall(r"training: +\d+%\|[^|]*\| (\d+)/12 ", resumed.stdout)]
+    assert counts[0] == 6 and counts[-1] == 12 and counts == sorted(counts), resumed.stdout[-2000:]
     single, moved = tmp_path / "single", tmp_path / "moved"
     for key, value in weights(single).items():  # (a step of half the batch would move them by ~1e-2)
         torch.testing.assert_close(weights(moved)[key], value, rtol=1e-5, atol=1e-5)

@@ -307,6 +307,7 @@ class ProgressBar(TQDMProgressBar):
         self.accumulation = accumulation
         self.drawn_at = self.val_drawn_at = float("-inf")
         self.batches_done: int | None = None  # the count the bar shows once it is next drawn
+        self.started_at = 0  # the micro-batches of the steps done when the bar was made
         self.timer: Timer | None = None  # the time budget, for runs limited by time
         self.lifted: list[logging.Logger] = []  # loggers whose console handlers write above the bar
 
@@ -339,7 +340,8 @@ class ProgressBar(TQDMProgressBar):
             spent, budget = self.timer.time_elapsed(), self.timer.time_elapsed() + self.timer.time_remaining()
             return BudgetBar(spent=spent, step=trainer.global_step, total=budget, initial=min(spent, budget), **common)
         total = trainer.max_steps * self.accumulation if trainer.max_steps > 0 else None
-        return Tqdm(total=total, initial=trainer.global_step * self.accumulation, bar_format=self.BAR_FORMAT, **common)
+        self.started_at, self.batches_done = trainer.global_step * self.accumulation, None
+        return Tqdm(total=total, initial=self.started_at, bar_format=self.BAR_FORMAT, **common)
 
     def init_validation_tqdm(self) -> Tqdm:
         below_training = self.trainer.state.fn != "validate"
@@ -365,7 +367,9 @@ class ProgressBar(TQDMProgressBar):
             self.lift_console_logs()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        self.batches_done = batch_idx + 1
+        # counted from where the bar started, as batch_idx is in the micro-batches of the run that wrote the
+        # checkpoint, which another number of devices divides into steps differently
+        self.batches_done = (self.batches_done or self.started_at) + 1
         last = self.timer is None and self.batches_done == self.train_progress_bar.total
         if time.perf_counter() - self.drawn_at >= self.REDRAW_SECONDS or last:
             self.redraw(trainer, pl_module)
