@@ -1176,6 +1176,17 @@ def log_libraries_to_file() -> None:
     logging.captureWarnings(True)
 
 
+def quiet_console_of_other_processes() -> None:
+    """The processes of a launch beside the first write their log lines to train.log alone, and only
+    their errors to the console they share with it, where each line would show once per process."""
+    if process_rank() == 0:
+        return
+    for logger in (logging.getLogger(), logging.getLogger("py.warnings")):
+        for handler in logger.handlers:
+            if not isinstance(handler, logging.FileHandler):
+                handler.setLevel(max(handler.level, logging.ERROR))
+
+
 def how_to_continue_sweep(sweep: Path) -> str:
     if is_search(sweep):
         return f"the search's trials so far are in {sweep / 'summary.csv'}; {how_to_add_trials(sweep)}"
@@ -1235,6 +1246,7 @@ def run_job(cfg: DictConfig) -> float | None:
         gc.freeze()
         gc.enable()
     log_libraries_to_file()
+    quiet_console_of_other_processes()
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
     overrides = list(hydra_cfg.overrides.task)

@@ -263,7 +263,8 @@ def test_ctrl_c_while_the_processes_of_a_ddp_run_start_takes_the_run_back(small_
 )
 def test_an_error_that_stops_a_ddp_run_is_said_once_without_a_traceback(failpoint, said, small_text, tmp_path):
     """A checkpoint the first process cannot write, or a divergence every process meets: the other
-    process, its partner gone, ends quietly (its words in train.log), and the command says it once."""
+    process, its partner gone, ends quietly (its words in train.log), and the command says it once, as it
+    says each line of its log."""
     args = ["trainer.strategy=ddp", "trainer.devices=2", "tokens_per_step=512", "trainer.max_steps=8"]
     args += ["checkpoint.every_n_steps=2", "optim.max_nonfinite_in_a_row=3", f"data.path={small_text}"]
     proc = run_script("train.py", *TINY_OVERRIDES, *args, "hydra.run.dir=run", cwd=tmp_path, failpoint=failpoint)
@@ -271,6 +272,9 @@ def test_an_error_that_stops_a_ddp_run_is_said_once_without_a_traceback(failpoin
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and errors[0].startswith(said), proc.stderr[-3000:]
+    # and the other process's log lines go to train.log alone, not to the console a second time
+    assert (proc.stdout + proc.stderr).count("][training.run][INFO] - model: ") == 1, proc.stdout[-3000:]
+    assert (tmp_path / "run" / "train.log").read_text().count("][training.run][INFO] - model: ") == 2
 
 
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="finds the launch's processes in /proc")
