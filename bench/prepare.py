@@ -157,7 +157,7 @@ def run_child(corpus: Path, cache: Path, env: dict) -> tuple[dict, MemorySampler
         sampler.stopped.set()
         sampler.join()
     if proc.returncode != 0:
-        sys.exit(f"the preparation failed (exit {proc.returncode})")
+        sys.exit(f"error: the preparation failed (exit {proc.returncode})")
     return json.loads(out.strip().splitlines()[-1]), sampler, time.perf_counter() - started
 
 
@@ -194,9 +194,9 @@ def main() -> None:
     parser.add_argument("--shakespeare", type=Path, default=common.shakespeare())
     args = parser.parse_args()
     if args.mb < 1:
-        raise SystemExit(f"--mb must be at least 1, got {args.mb}")
+        raise SystemExit(f"error: --mb must be at least 1, got {args.mb}")
     if not args.shakespeare.is_file():
-        raise SystemExit(f"--shakespeare {args.shakespeare}: no such file; give Tiny Shakespeare's input.txt")
+        raise SystemExit(f"error: --shakespeare {args.shakespeare}: no such file; give Tiny Shakespeare's input.txt")
 
     work = Path(tempfile.mkdtemp(prefix="tinygpt2-bench-"))
     try:

@@ -75,7 +75,7 @@ def run(overrides: str, budget: str, text: str, seconds: int) -> dict:
         proc = common.run([sys.executable, "train.py", *args], cwd=ROOT)
         wall = time.perf_counter() - started
         if proc.returncode != 0:
-            raise SystemExit(f"train.py {overrides} failed:\n{proc.stderr[-3000:]}")
+            raise SystemExit(f"error: train.py {overrides} failed:\n{proc.stderr[-3000:]}")
         metrics = common.finished_metrics(Path(tmp) / "run", f"train.py {overrides}")
     return {
         "bpc": metrics["val/bpc"],
@@ -108,9 +108,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1, help="runs of each (the machine's load moves the figures)")
     args = parser.parse_args()
     if args.seconds < 1 or args.repeats < 1:
-        raise SystemExit(f"--seconds and --repeats must be at least 1, got {args.seconds} and {args.repeats}")
+        raise SystemExit(f"error: --seconds and --repeats must be at least 1, got {args.seconds} and {args.repeats}")
     if args.text == "shakespeare" and not SHAKESPEARE.is_file():
-        raise SystemExit(f"Tiny Shakespeare not found at {SHAKESPEARE}; set TINYSHAKESPEARE=/path/to/input.txt")
+        raise SystemExit(f"error: Tiny Shakespeare not found at {SHAKESPEARE}; set TINYSHAKESPEARE=/path/to/input.txt")
     for n, budget in enumerate(["75s", "default"] if args.budget == "both" else [args.budget]):
         runs = args.runs or list(BUDGETS[budget])
         what = f"{args.seconds} s of training per run" if budget == "75s" else "the whole process of each run"

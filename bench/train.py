@@ -159,7 +159,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=None, help="eager runs per shape (default 2, 1 with --quick)")
     args = parser.parse_args()
     if args.repeats is not None and args.repeats < 1:
-        raise SystemExit(f"--repeats must be at least 1, got {args.repeats}")
+        raise SystemExit(f"error: --repeats must be at least 1, got {args.repeats}")
     repeats = args.repeats if args.repeats is not None else (1 if args.quick else 2)
     steps_of = {}
     for name in args.shapes:
@@ -169,11 +169,11 @@ def main() -> None:
         )
         if steps_of[name] < shape["warmup"] + 10:
             raise SystemExit(
-                f"--steps {steps_of[name]} leaves fewer than 10 steps after the {shape['warmup']} warm-up steps of "
+                f"error: --steps {steps_of[name]} leaves fewer than 10 steps after the {shape['warmup']} warm-up steps of "
                 f"{name}; use --steps {shape['warmup'] + 10} or more"
             )
     if not SHAKESPEARE.is_file():
-        raise SystemExit(f"Tiny Shakespeare not found at {SHAKESPEARE}; set TINYSHAKESPEARE=/path/to/input.txt")
+        raise SystemExit(f"error: Tiny Shakespeare not found at {SHAKESPEARE}; set TINYSHAKESPEARE=/path/to/input.txt")
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)  # "GPU available: False", ...
     peak = cpu_peak_flops()  # train.py's train/mfu peak: max(theoretical fp32 rate, fastest rate seen on this machine)
     print(

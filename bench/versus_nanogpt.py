@@ -73,7 +73,7 @@ def timed(command: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, st
     proc = common.run(command, cwd=cwd, env=env)
     wall = time.perf_counter() - started
     if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(command[:3])} ... failed in {cwd}:\n{proc.stderr[-3000:]}")
+        raise SystemExit(f"error: {' '.join(command[:3])} ... failed in {cwd}:\n{proc.stderr[-3000:]}")
     return wall, proc.stdout + proc.stderr
 
 
@@ -99,11 +99,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="timed runs of each, taking turns (default 3)")
     args = parser.parse_args()
     if args.repeats < 1:
-        raise SystemExit(f"--repeats must be at least 1, got {args.repeats}")
+        raise SystemExit(f"error: --repeats must be at least 1, got {args.repeats}")
     if not (args.nanogpt / "train.py").is_file() or not (args.nanogpt / "model.py").is_file():
-        raise SystemExit(f"--nanogpt {args.nanogpt}: no nanoGPT checkout there (train.py and model.py)")
+        raise SystemExit(f"error: --nanogpt {args.nanogpt}: no nanoGPT checkout there (train.py and model.py)")
     if not SHAKESPEARE.is_file():
-        raise SystemExit(f"Tiny Shakespeare not found at {SHAKESPEARE}; set TINYSHAKESPEARE=/path/to/input.txt")
+        raise SystemExit(f"error: Tiny Shakespeare not found at {SHAKESPEARE}; set TINYSHAKESPEARE=/path/to/input.txt")
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with tempfile.TemporaryDirectory() as tmp:
         scratch = Path(tmp)

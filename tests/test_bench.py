@@ -8,6 +8,7 @@ import signal
 import subprocess
 
 import pytest
+import torch
 
 from .common import run_script, script_environment, start_script
 
@@ -73,5 +74,30 @@ def test_bench_train_without_tiny_shakespeare_says_so_in_one_line(tmp_path):
     proc = run_script("bench/train.py", "--quick", env=env)
     assert proc.returncode == 1
     assert proc.stderr.strip() == (
-        f"Tiny Shakespeare not found at {tmp_path / 'missing.txt'}; set TINYSHAKESPEARE=/path/to/input.txt"
+        f"error: Tiny Shakespeare not found at {tmp_path / 'missing.txt'}; set TINYSHAKESPEARE=/path/to/input.txt"
     )
+
+
+@pytest.mark.parametrize(
+    "script, args, said",
+    [
+        ("bench/train.py", ["--repeats", "0"], "error: --repeats must be at least 1, got 0"),
+        ("bench/quality.py", ["--repeats", "0"], "error: --seconds and --repeats must be at least 1, got 75 and 0"),
+        ("bench/prepare.py", ["--mb", "0"], "error: --mb must be at least 1, got 0"),
+        ("bench/precision.py", ["--steps", "0"], "precision.py: error: argument --steps: must be 1 or more, got 0"),
+    ],
+)
+def test_a_benchmark_refuses_a_bad_count_in_one_line(script, args, said):
+    proc = run_script(script, *args)
+    assert proc.returncode != 0
+    assert proc.stderr.strip().splitlines()[-1] == said
+    assert "Traceback" not in proc.stderr
+
+
+def test_precision_benchmark_prints_its_table():
+    proc = run_script("bench/precision.py", "--shapes", "nano", "--steps", "2", "--warmup", "1")
+    assert proc.returncode == 0, proc.stderr
+    header, columns, rule, row = proc.stdout.strip().splitlines()
+    assert header.startswith(f"torch {torch.__version__}") and "AMX bf16: " in header
+    assert columns == "| shape | fp32 | bf16 autocast | bf16 / fp32 | last-loss gap |"
+    assert row.startswith("| nano: 4/4/128, context 32, batch 32 | ")
