@@ -3,6 +3,7 @@ real step takes (a run refused for it could not have trained), and not far below
 
 from __future__ import annotations
 
+import logging
 import os
 
 import pytest
@@ -116,3 +117,34 @@ def test_train_py_refuses_a_batch_this_machine_cannot_hold_in_one_line_and_makes
     line = one_error_line(proc.stderr)
     assert line.startswith(f"error: a training step of this model at data.batch_size={batch} needs at least ")
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # no run folder, no cache entry
+
+
+def test_many_processes_are_counted_with_what_each_holds_before_its_model():
+    """64 processes of a tiny model fit by their training steps alone, but not once each process's
+    Python, torch and Lightning are counted: refused, where the launch waited minutes on a full machine."""
+    tiny = GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=300)
+    assert step_memory(tiny, 8).total * 64 < 8 * 2**30
+    message = check_fits(tiny, 8, "32-true", "adamw", 64, 8 * 2**30)
+    assert message.startswith("64 processes (trainer.devices) take at least 300 MiB each before their model")
+    assert message.endswith("more than the 8.0 GiB this machine has free; start fewer")
+    assert check_fits(tiny, 8, "32-true", "adamw", 2, 8 * 2**30) is None
+
+
+def test_more_processes_than_cores_are_warned_of(caplog):
+    from training.settings import check_memory
+
+    values = {
+        "trainer": {"accelerator": "cpu", "num_nodes": 1, "precision": "32-true"},
+        "data": {"batch_size": 8},
+        "optim": {"name": "adamw"},
+    }
+    tiny = GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=300)
+    cores = os.cpu_count()
+    with caplog.at_level(logging.WARNING, logger="training.settings"):
+        check_memory(values, tiny, cores)
+        assert not caplog.records
+        check_memory(values, tiny, cores + 1)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"trainer.devices={cores + 1} starts {cores + 1} training processes on this machine's {cores} CPU cores: "
+        f"they take turns on the cores, so the run goes slower than with trainer.devices={cores}"
+    ]

@@ -94,6 +94,11 @@ def free_memory(meminfo: str | None = None, cgroup: Path = Path("/sys/fs/cgroup"
     return free
 
 
+# What a training process holds of its own before its model and data, at least: Python, torch and
+# Lightning (a run of a tiny model peaked at 0.5 GiB resident, the libraries' shared pages included)
+PROCESS_MEMORY = 300 * 2**20
+
+
 def check_fits(
     config: GPTConfig, micro_batch: int, precision: str, optimizer: str, processes: int, free: int | None
 ) -> str | None:
@@ -103,6 +108,12 @@ def check_fits(
         return None
     need = step_memory(config, micro_batch, precision, optimizer)
     if need.total * processes <= free:
+        if processes > 1 and (need.total + PROCESS_MEMORY) * processes > free:
+            return (
+                f"{processes} processes (trainer.devices) take at least {size(PROCESS_MEMORY)} each before their "
+                f"model (Python, torch, Lightning), {size((need.total + PROCESS_MEMORY) * processes)} in all with "
+                f"their training steps, more than the {size(free)} this machine has free; start fewer"
+            )
         return None
     each = " each" if processes > 1 else ""
     here = f"{size(free)} this machine has free" + (f" for {processes} processes" if processes > 1 else "")

@@ -502,18 +502,24 @@ def check_memory(values: dict[str, Any], model: GPTConfig, world_size: int) -> N
     if not on_cpu(str(trainer.get("accelerator", "auto")), Machine.this()):
         return
     nodes = trainer.get("num_nodes") or 1
+    processes = process_count_here(world_size, nodes if isinstance(nodes, int) else 1)
     shape = (
         model,
         values["data"]["batch_size"],
         trainer["precision"],
         values["optim"].get("name", "adamw"),
-        process_count_here(world_size, nodes if isinstance(nodes, int) else 1),
+        processes,
         this_machine_free(),
     )
     if problem := check_fits(*shape):
         raise SettingError(problem)
-    if (tight := tight_fit(*shape)) and process_rank() == 0:
-        log.warning(tight)
+    if tight := tight_fit(*shape):
+        warn(tight)
+    if processes > (cores := os.cpu_count() or 1):
+        warn(
+            f"trainer.devices={processes} starts {processes} training processes on this machine's {cores} CPU cores: "
+            f"they take turns on the cores, so the run goes slower than with trainer.devices={cores}"
+        )
 
 
 def final_model(model: dict[str, Any], tokenizer_vocab: int) -> GPTConfig:
