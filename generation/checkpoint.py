@@ -270,7 +270,33 @@ def read_weights(path: str | Path, map_location="cpu") -> Weights:
         raise CheckpointError(f"{file} describes a model that cannot be built: {err}") from None
     step = ckpt.get("global_step")
     step = step if isinstance(step, int) else None
-    return Weights(config, model_state(ckpt), meta.get("tokenizer"), meta.get("config") or {}, file, step=step)
+    return checked(Weights(config, model_state(ckpt), meta.get("tokenizer"), meta.get("config") or {}, file, step=step))
+
+
+def checked(weights: Weights) -> Weights:
+    """The weights, refused unless they are the tensors of the model their checkpoint describes, each of
+    its shape (a config.json that names another context or width than its weight file has), and finite
+    numbers: so that no command builds, samples from or trains a model on them first."""
+    with torch.device("meta"):  # shapes only: nothing allocated or initialised
+        wanted = {name: tuple(t.shape) for name, t in GPT(weights.config).state_dict().items()}
+    have = {name: tuple(t.shape) for name, t in weights.state.items()}
+    wrong = [name for name, shape in wanted.items() if have.get(name, shape) != shape]
+    missing, extra = sorted(wanted.keys() - have.keys()), sorted(have.keys() - wanted.keys())
+    if wrong or missing or extra:
+        if wrong:
+            problem = (
+                f"size mismatch for {wrong[0]}: {have[wrong[0]]} in the checkpoint, {wanted[wrong[0]]} in the model"
+            )
+        else:
+            problem = f"{missing[0]} is missing" if missing else f"{extra[0]} is not a weight of the model"
+        raise CheckpointError(f"weights in {weights.path} do not fit the model it describes: {problem}")
+    broken = next((n for n, t in weights.state.items() if t.is_floating_point() and not t.isfinite().all()), None)
+    if broken is not None:
+        raise CheckpointError(
+            f"{weights.path} holds weights that are not finite numbers ({broken}); it cannot be used: take an "
+            "earlier checkpoint of its run"
+        )
+    return weights
 
 
 def describe_model(model_config: GPTConfig, tokenizer_json: str | None, run_settings: dict[str, Any]) -> dict[str, Any]:
@@ -307,20 +333,7 @@ def load_checkpoint(path: str | Path, map_location="cpu") -> Loaded:
     Hugging Face folder."""
     weights = read_weights(path, map_location)
     model = GPT(weights.config)
-    try:
-        model.load_state_dict(weights.state)
-    except RuntimeError as err:
-        lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]
-        detail = (
-            lines[1] if len(lines) > 1 and lines[0].endswith(":") else first_line(err)
-        )  # which tensor, which shapes
-        raise CheckpointError(f"weights in {weights.path} do not fit the model it describes: {detail}") from None
-    broken = next((n for n, t in weights.state.items() if t.is_floating_point() and not t.isfinite().all()), None)
-    if broken is not None:
-        raise CheckpointError(
-            f"{weights.path} holds weights that are not finite numbers ({broken}); it cannot be sampled from: use "
-            "an earlier checkpoint of its run"
-        )
+    model.load_state_dict(weights.state)  # read_weights checked that they fit
     model.eval()
     tokenizer = read_tokenizer(weights)
     return Loaded(
@@ -365,7 +378,7 @@ def read_hf_folder(folder: Path, map_location="cpu") -> Weights:
     eos = hf_config.get("eos_token_id")
     eos = eos[0] if isinstance(eos, list) and eos else eos
     eos = eos if isinstance(eos, int) and 0 <= eos < config.vocab_size else None
-    return Weights(config, state, read_hf_tokenizer(folder), {}, folder, eos)
+    return checked(Weights(config, state, read_hf_tokenizer(folder), {}, folder, eos))
 
 
 def read_hf_weights(folder: Path, map_location="cpu") -> dict[str, torch.Tensor]:

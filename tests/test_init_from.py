@@ -3,11 +3,15 @@ its tokenizer and shape, and refusing model settings that contradict it."""
 
 from __future__ import annotations
 
+import json
+import shutil
+
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer
 
-from generation.checkpoint import load_checkpoint
+from generation.checkpoint import CheckpointError, load_checkpoint
 from model import ConfigError
 from training.init_from import kept_tokenizer, model_keys_in, start_from
 from training.run import train
@@ -143,3 +147,33 @@ def test_train_py_refuses_a_tokenizer_override_with_init_from_in_one_line(tiny_r
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("error: tokenizer.kind=char cannot apply with init_from=") and "leave the tokenizer" in last
     assert not (tmp_path / "outputs").exists() or not any((tmp_path / "outputs").rglob("config.yaml"))
+
+
+@pytest.mark.slow
+def test_train_py_refuses_a_folder_whose_weights_do_not_fit_its_config_json_before_any_run_folder(
+    transformers_folder, small_text, tmp_path
+):
+    """A config.json naming a longer context than its weight file has rows for: refused in one line
+    naming the tensor and both shapes, where Lightning's setup ended in load_state_dict's traceback
+    with config.yaml, tokenizer.json and train.log left in a run folder."""
+    folder = tmp_path / "longer context"
+    shutil.copytree(transformers_folder, folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "n_positions": 64, "n_ctx": 64}))
+    proc = run_script("train.py", *RUN, f"data.path={small_text}", f"init_from='{folder}'", cwd=tmp_path)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"error: weights in {folder} do not fit the model it describes: size mismatch for "
+        "transformer.wpe.weight: (32, 32) in the checkpoint, (64, 32) in the model"
+    )
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_weights_that_are_not_finite_are_refused_before_a_run_trains_on_them(transformers_folder, tmp_path):
+    folder = tmp_path / "nan"
+    shutil.copytree(transformers_folder, folder)
+    state = load_file(folder / "model.safetensors")
+    state["transformer.h.1.ln_2.weight"][0] = float("nan")
+    save_file(state, folder / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(CheckpointError, match=r"nan holds weights that are not finite numbers \(.*h.1.ln_2.weight\)"):
+        started_from(f"init_from={folder}")
