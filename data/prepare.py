@@ -96,6 +96,11 @@ def prepare_tokens(
         shard_chars or SHARD_CHARS,
         progress,
     )
+    if counts["train_tokens"] == 0 and counts["train_chars"] > 0:
+        raise DataError(
+            f"the tokenizer made no tokens of the {counts['train_chars']:,} training characters of {source.label}: "
+            "its vocabulary covers none of the text; use a tokenizer that covers it (tokenizer=bpe covers any text)"
+        )
     if counts["train_tokens"] == 0:
         raise DataError(
             f"{source.label} holds no training text: it is too short to leave any once its validation share "

@@ -240,3 +240,34 @@ def test_a_tokenizer_with_an_added_token_that_spans_a_space_is_not_cut_into_piec
     whole = tokenizer.encode(text, add_special_tokens=False).ids
     pieced = [i for piece in safe_pieces(text, 65_536) for i in tokenizer.encode(piece, add_special_tokens=False).ids]
     assert whole != pieced  # what encoding it in pieces would have got wrong
+
+
+@pytest.mark.slow
+def test_train_py_says_a_tokenizer_made_no_tokens_of_the_text_rather_than_that_the_text_is_short(tmp_path, small_text):
+    """A tokenizer.json whose vocabulary covers none of the text (here: a BPE with no tokens) is named
+    as the cause in one line; the text was said to be too short to leave any training text."""
+    from .common import TINY_OVERRIDES, run_script
+
+    Tokenizer(models.BPE()).save(str(tmp_path / "empty.json"))
+    settings = [o for o in TINY_OVERRIDES if not o.startswith("tokenizer.")]
+    cache = tmp_path / "cache"
+    proc = run_script(
+        "train.py",
+        *settings,
+        f"data.path={small_text}",
+        f"data.cache_dir={cache}",
+        "tokenizer=pretrained",
+        "tokenizer.path=empty.json",
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    chars = round(len(small_text.read_text(encoding="utf-8")) * 0.9)
+    assert (
+        proc.stderr.strip()
+        .splitlines()[-1]
+        .startswith(
+            f"error: the tokenizer made no tokens of the {chars:,} training characters of {small_text}: its vocabulary "
+            "covers none of the text"
+        )
+    )
+    assert not (tmp_path / "outputs").exists() and not list(cache.rglob("*.bin"))  # no run folder, no cache entry
