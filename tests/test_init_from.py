@@ -177,3 +177,24 @@ def test_weights_that_are_not_finite_are_refused_before_a_run_trains_on_them(tra
     save_file(state, folder / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(CheckpointError, match=r"nan holds weights that are not finite numbers \(.*h.1.ln_2.weight\)"):
         started_from(f"init_from={folder}")
+
+
+@pytest.mark.slow
+def test_a_tokenizer_without_end_of_text_asks_for_sample_prompts_rather_than_blaming_one(
+    transformers_folder, small_text, tmp_path
+):
+    """data=text gives no sample prompts, so samples start from <|endoftext|>: a folder whose tokenizer
+    lacks it is refused naming the settings that help, not a data.sample_prompts the user never gave."""
+    folder = tmp_path / "no-eot"
+    shutil.copytree(transformers_folder, folder)
+    tokenizer = (folder / "tokenizer.json").read_text()
+    (folder / "tokenizer.json").write_text(tokenizer.replace('"<|endoftext|>"', '"<|end|>"'))
+    proc = run_script(
+        "train.py", *RUN[:-1], "data=text", f"data.path={small_text}", f"init_from={folder}", cwd=tmp_path
+    )
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "error: the run's text samples start from <|endoftext|>, which this tokenizer lacks; give prompts to start "
+        "them from (samples.prompts='[ROMEO:]') or turn them off (samples.enabled=false)"
+    )
+    assert not (tmp_path / "outputs").exists()

@@ -491,8 +491,13 @@ def check_sample_prompts(values: dict[str, Any], tokenizer_json: str) -> None:
         try:
             encode_prompt(tokenizer, prompt, eot_id(tokenizer))
         except PromptError as err:
-            key = "samples.prompts" if values["samples"]["prompts"] else "data.sample_prompts"
-            raise SettingError(f"{key}: {prompt!r} cannot be a sample prompt: {err}") from None
+            if values["samples"]["prompts"] or values["data"].get("sample_prompts"):
+                key = "samples.prompts" if values["samples"]["prompts"] else "data.sample_prompts"
+                raise SettingError(f"{key}: {prompt!r} cannot be a sample prompt: {err}") from None
+            raise SettingError(  # no prompt given: samples start from <|endoftext|>, which this tokenizer lacks
+                "the run's text samples start from <|endoftext|>, which this tokenizer lacks; give prompts to "
+                "start them from (samples.prompts='[ROMEO:]') or turn them off (samples.enabled=false)"
+            ) from None
 
 
 def check_memory(values: dict[str, Any], model: GPTConfig, world_size: int) -> None:
