@@ -65,7 +65,7 @@ from training.run_folder import (
     take_back_claims,
 )
 from training.settings import check, continue_settings, differing_leaves, expand, matches, named_leaves
-from training.sweep import OBJECTIVE, is_search, result_record, summarize
+from training.sweep import OBJECTIVE, end_stopped_trials, is_search, result_record, summarize
 
 log = logging.getLogger("train")
 
@@ -1333,3 +1333,5 @@ if __name__ == "__main__":
         release_ctrl_c()
     except KeyboardInterrupt:  # while Hydra composed, before a job began (or after the last)
         stopped_by_ctrl_c()
+    finally:
+        end_stopped_trials()  # a search stopped part way: its trial under way is failed, not left running

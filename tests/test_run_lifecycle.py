@@ -789,6 +789,22 @@ def test_an_optuna_search_run_again_with_its_storage_tries_new_settings(small_te
     assert len(tried) == 4 and len(set(tried)) == 4
 
 
+@pytest.mark.slow
+def test_a_search_stopped_by_ctrl_c_leaves_no_trial_running_in_its_stored_study(small_text, tmp_path):
+    """The trial Ctrl-C stops is failed in the study, as Optuna's optimize() fails one; left running, it
+    stayed so in every later search that continues the study."""
+    import optuna
+
+    search = ["-m", "hparams_search=optuna", "hydra.sweeper.storage=sqlite:///search.db", *TINY_OVERRIDES]
+    search += [f"data.path={small_text}", "trainer.max_time=null", "optim.warmup_steps=0"]
+    stopped = run_script("train.py", *search, "hydra.sweeper.n_trials=2", cwd=tmp_path, failpoint="sigint:3")
+    assert stopped.returncode == 0 and "the sweep stops here" in stopped.stdout + stopped.stderr, stopped.stderr[-2000:]
+    later = run_script("train.py", *search, "hydra.sweeper.n_trials=1", cwd=tmp_path)
+    assert later.returncode == 0, later.stderr[-2000:]
+    study = optuna.load_study(study_name="tinygpt2", storage=f"sqlite:///{tmp_path / 'search.db'}")
+    assert [trial.state.name for trial in study.trials] == ["FAIL", "COMPLETE"]
+
+
 def test_a_search_with_its_study_in_memory_is_not_told_to_reuse_a_storage_it_has_not(small_text, tmp_path):
     """The default search keeps its study in memory: what it says at a stop (and to resume=) names the
     storage that keeps one, not "the same hydra.sweeper.storage", which was null."""

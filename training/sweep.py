@@ -154,6 +154,34 @@ def is_search(sweep_dir: Path) -> bool:
     return "optuna" in str(target).lower()
 
 
+_LAUNCHED_TRIALS: list[Any] = []  # the Optuna trials this process's search has launched
+
+
+def launched_trial(config: DictConfig, trial: Any) -> None:
+    """The search's hydra.sweeper.custom_search_space (configs/hparams_search/optuna.yaml): Optuna's
+    sweeper calls it with each trial it is about to launch, and it is kept for end_stopped_trials."""
+    _LAUNCHED_TRIALS.append(trial)
+
+
+def end_stopped_trials() -> None:
+    """The trials of this process's search still running as it ends (a stop with a checkpoint, Ctrl-C,
+    an error that ends the sweep) are told to Optuna as failed, as Optuna's own optimize() tells a trial
+    Ctrl-C interrupts: the sweeper tells a trial only when its job returns, so a study kept in a storage
+    would hold them as running for ever, in every later search that continues it."""
+    if not _LAUNCHED_TRIALS:
+        return
+    from optuna.trial import TrialState
+
+    for trial in _LAUNCHED_TRIALS:
+        try:
+            running = {t.number for t in trial.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
+            if trial.number in running:
+                trial.study.tell(trial, state=TrialState.FAIL)
+        except Exception as err:  # a storage gone out of reach: the trial stays as it was
+            log.warning("trial %d of the search could not be marked as failed in its storage: %s", trial.number, err)
+    _LAUNCHED_TRIALS.clear()
+
+
 def job_order(path: Path) -> tuple[int, str]:
     return (int(path.name), path.name) if path.name.isdigit() else (1 << 30, path.name)
 
