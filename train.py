@@ -636,6 +636,12 @@ class Launch:
                 data_settings.append(values["data"])
                 check_files(values["data"])
         searching = "optuna" in str(sweeper.get("_target_", "")).lower()
+        direction = sweeper.get("direction", "minimize")
+        if searching and str(getattr(direction, "name", direction)) != "minimize":
+            raise CommandLineError(
+                f"hydra.sweeper.direction must be minimize, got {getattr(direction, 'name', direction)}: each trial "
+                f"returns its final {OBJECTIVE}, which is better lower; leave it out"
+            )
         for line, key, values in interval_sweeps(self.user + search):
             if not searching:
                 raise CommandLineError(
@@ -954,14 +960,53 @@ def check_launch_sweep(folder: Path) -> None:
 
 
 def check_storage(storage) -> None:
-    """An Optuna storage of a SQLite file must be in a folder that exists (other databases are reached at
-    the first trial)."""
-    if isinstance(storage, str) and storage.startswith("sqlite:///"):
-        folder = Path(storage.removeprefix("sqlite:///")).expanduser().parent
-        if not folder.is_dir():
+    """The storage of a search's study, before the sweep folder is made: a database URL whose driver is
+    installed; for SQLite, a database file, or a new one in a folder that can be written (a database on a
+    server is reached at the first trial)."""
+    if storage is None:
+        return
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+    given = f"hydra.sweeper.storage={storage}"
+    try:
+        url = make_url(str(storage))
+        url.get_dialect().dbapi()
+    except ArgumentError:
+        raise CommandLineError(
+            f"{given} is not a database URL; give one such as sqlite:///search.db (a SQLite file in this folder)"
+        ) from None
+    except (NoSuchModuleError, ImportError) as err:
+        raise CommandLineError(f"{given}: {err}; install the database's driver, or use sqlite:///search.db") from None
+    if url.get_backend_name() != "sqlite":
+        return
+    if url.host or not url.database:
+        raise CommandLineError(f"{given} names no file; a SQLite file is named with three slashes: sqlite:///search.db")
+    path = Path(url.database)
+    if path.is_dir():
+        raise CommandLineError(
+            f"{given}: {path} is a folder, not a database file; name a file in it, e.g. {path / 'search.db'}"
+        )
+    if path.exists():
+        try:
+            with open(path, "rb") as file:
+                header = file.read(16)
+        except OSError as err:
             raise CommandLineError(
-                f"hydra.sweeper.storage={storage}: the folder {folder} does not exist; make it, or give another path"
+                f"{given}: cannot read {path} ({err.strerror}); give a file you can read and write"
+            ) from None
+        if header and header != b"SQLite format 3\x00":
+            raise CommandLineError(
+                f"{given}: {path} is not a SQLite database; give the file of an earlier search, or a new name"
             )
+        if not os.access(path, os.W_OK):
+            raise CommandLineError(
+                f"{given}: {path} cannot be written, and each trial is written to it; give a file you can write"
+            )
+    elif not path.parent.is_dir():
+        raise CommandLineError(f"{given}: the folder {path.parent} does not exist; make it, or give another path")
+    elif not os.access(path.parent, os.W_OK):
+        raise CommandLineError(f"{given}: the folder {path.parent} cannot be written; give another path")
 
 
 def continued_study_seed(sweeper: dict) -> list[str]:

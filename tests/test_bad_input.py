@@ -320,6 +320,22 @@ BAD_SETTINGS = [
         "hydra.sweeper.storage=sqlite:////no/such/folder/s.db: the folder /no/such/folder does not exist",
     ),
     (
+        ["-m", "hparams_search=optuna", "hydra.sweeper.storage=search.db"],
+        "hydra.sweeper.storage=search.db is not a database URL; give one such as sqlite:///search.db",
+    ),
+    (
+        ["-m", "hparams_search=optuna", "hydra.sweeper.storage=sqlite://search.db"],
+        "hydra.sweeper.storage=sqlite://search.db names no file; a SQLite file is named with three slashes",
+    ),
+    (
+        ["-m", "hparams_search=optuna", f"hydra.sweeper.storage=sqlite:///{ROOT / 'README.md'}"],
+        f"hydra.sweeper.storage=sqlite:///{ROOT / 'README.md'}: {ROOT / 'README.md'} is not a SQLite database",
+    ),
+    (
+        ["-m", "hparams_search=optuna", "hydra.sweeper.direction=maximize"],
+        "hydra.sweeper.direction must be minimize, got maximize: each trial returns its final val/bpc",
+    ),
+    (
         ["-m", "optim.lr=1e-3,2e-3", "hydra.sweep.subdir=same"],
         "hydra.sweep.subdir=same names the same folder for every job of the sweep",
     ),
@@ -522,6 +538,7 @@ def test_run_folder_of_the_users_own_files(tmp_path):
         ["-m", "optim.lr=1e-3,,2e-3"],
         ["-m", "hparams_search=optuna", "hydra.sweeper.storage=sqlite:////no/such/folder/s.db"],
         ["-m", "hparams_search=optuna", "hydra.sweeper.n_jobs=0"],  # the sweeper divided by zero trials
+        ["-m", "hparams_search=optuna", "hydra.sweeper.storage=search.db"],  # SQLAlchemy's traceback, a sweep folder
         ["logger=[]"],
     ],
 )
