@@ -201,7 +201,7 @@ class Composer:
                 chosen = self.choices(others)
                 said = unknown_setting(key, self.defaults, overrides, chosen)
                 raise CommandLineError(f"~{key}: {said}" if absent else said) from None
-            raise CommandLineError(str(err).splitlines()[0]) from None
+            raise CommandLineError(with_reason(err)) from None
         except Exception as err:  # an interpolation or resolver that fails on the given values
             if "Config group override must be" in str(err):  # model=null, logger=false: not a name
                 given = next((o for o in overrides if is_group(o.lstrip("+").split("=")[0]) and not_a_name(o)), None)
@@ -231,6 +231,18 @@ class Composer:
                     f"{override} would change the kind of {group}={chosen} and keep its settings; choose the "
                     f"{group} itself instead: {instead}"
                 )
+
+
+def with_reason(err: Exception) -> str:
+    """Hydra's error in one line: its first, and the reason it gives below it or in its cause (OmegaConf's
+    "Value 'x' of type 'str' could not be converted to Integer", for a value of the wrong kind in a config
+    file or on the command line), with the setting it names."""
+    lines = str(err).splitlines()
+    below = lines[1:] or (str(err.__cause__).splitlines() if err.__cause__ else [])
+    if not below:
+        return lines[0]
+    key = next((line.split(":", 1)[1].strip() for line in below if line.strip().startswith("full_key:")), None)
+    return f"{lines[0].rstrip(':')}: {below[0].strip()}" + (f" ({key})" if key else "")
 
 
 def check_logger_list(overrides: list[str]) -> None:

@@ -340,6 +340,11 @@ BAD_SETTINGS = [
         "hydra.sweep.subdir=same names the same folder for every job of the sweep",
     ),
     (["-m", "hparams_search=optuna", "hydra.sweeper.n_jobs=0"], "hydra.sweeper.n_jobs must be at least 1, got 0"),
+    (  # the reason was on a line Hydra's error gives below its first
+        ["-m", "hparams_search=optuna", "hydra.sweeper.n_trials=twenty"],
+        "Error merging override hydra.sweeper.n_trials=twenty: Value 'twenty' of type 'str' could not be converted to "
+        "Integer (hydra.sweeper.n_trials)",
+    ),
     (
         ["-m", "hparams_search=optuna", "model.n_head=3"],
         "model.n_embd (64) must be divisible by model.n_head (3)",
