@@ -25,6 +25,7 @@ where; the staging folder stays only if the next run can go on from it.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -174,9 +175,19 @@ def build_cache(root: str | os.PathLike, key: str, build: Callable[[Path], dict[
     """
     tokens = Path(root).expanduser() / "tokens"
     entry, staging = tokens / key, tokens / f"{key}.partial"
+    check_folders(tokens, key)
     made = missing_folders(tokens / ".locks")
     lock = entry_lock(tokens, key)
-    hold(lock, f"another process is preparing these tokens; waiting for it ({staging})")
+    try:
+        hold(lock, f"another process is preparing these tokens; waiting for it ({staging})")
+    except OSError as err:  # a folder of the cache made by another user, or on a read-only disk
+        remove_if_empty(made)
+        if err.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+            raise
+        raise DataError(
+            f"the token cache cannot be written: {err.filename} ({err.strerror}); make {tokens} writable, "
+            "or set data.cache_dir to a folder you can write to"
+        ) from None
     try:
         try:
             if (done := open_cache(entry)) is not None:
@@ -211,6 +222,17 @@ def build_cache(root: str | os.PathLike, key: str, build: Callable[[Path], dict[
     built.made_now = True
     built.made_folders = made
     return built
+
+
+def check_folders(tokens: Path, key: str) -> None:
+    """The places that the cache keeps folders in must hold folders, if anything: a file in one (a
+    copy gone wrong, a stray `touch`) is named, for the user to remove, rather than found part way."""
+    for folder in (tokens, tokens / ".locks", tokens / key, tokens / f"{key}.partial"):
+        if folder.exists() and not folder.is_dir():
+            raise DataError(
+                f"the token cache cannot use {folder}: it is a file where the cache keeps a folder; remove it, "
+                "or set data.cache_dir to another folder"
+            )
 
 
 def entry_lock(tokens: Path, key: str) -> FileLock:

@@ -19,6 +19,7 @@ from omegaconf import OmegaConf
 
 import data.cache
 import data.prepare
+from data import DataError
 from data.cache import find_cache
 from data.datamodule import TextDataModule
 from data.tokenizer import EOT
@@ -185,6 +186,34 @@ def test_only_one_process_prepares_the_others_wait_and_read(tmp_path, documents)
     assert os.listdir(tmp_path / "tokens" / ".locks") == []  # each lock's file went with its last holder
     meta = json.loads((tmp_path / "tokens" / outcomes[0][2] / "meta.json").read_text())
     assert meta["train_tokens"] > 0
+
+
+# ---- the cache's own folders --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("place", ["tokens", "tokens/.locks", "tokens/{key}", "tokens/{key}.partial"])
+def test_a_file_where_the_cache_keeps_a_folder_is_named_and_left_alone(place, tmp_path, small_text):
+    _, key = data.prepare.corpus_key(data_config(tmp_path, path=str(small_text)), bpe_config())
+    blocker = tmp_path / place.format(key=key)
+    blocker.parent.mkdir(parents=True, exist_ok=True)
+    blocker.write_text("not a folder")
+    with pytest.raises(DataError) as refused:
+        datamodule(tmp_path, small_text).prepare()
+    assert str(refused.value) == (
+        f"the token cache cannot use {blocker}: it is a file where the cache keeps a folder; remove it, "
+        "or set data.cache_dir to another folder"
+    )
+    assert blocker.read_text() == "not a folder"
+
+
+def test_train_py_with_a_file_in_the_place_of_the_cache_folder_says_so_in_one_line(tmp_path, small_text):
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "tokens").write_text("not a folder")
+    env = {**os.environ, "TINYGPT2_CACHE": str(tmp_path / "cache")}
+    proc = run_script("train.py", *TINY_OVERRIDES, f"data.path={small_text}", cwd=tmp_path, env=env)
+    assert proc.returncode == 1
+    assert one_error_line(proc.stderr).startswith(f"error: the token cache cannot use {tmp_path / 'cache' / 'tokens'}:")
+    assert not (tmp_path / "outputs").exists()
 
 
 # ---- an entry is checked before it is used ---------------------------------------------------------------
