@@ -17,8 +17,8 @@ wait for it and then read. A preparation refused for its input leaves nothing in
 the folders it made to hold the entry.
 
 An entry is checked whenever it is opened, cheaply (no token file is read): the token files' sizes
-against the counts and dtype in meta.json, and tokenizer.json against the hash recorded when it was
-made. An entry that fails (cut short, edited, a file missing) is named in one warning line and built
+against the counts and dtype in meta.json, tokenizer.json against the hash recorded when it was made,
+and its number of tokens against meta.json's vocab_size, which the model is made as large as. An entry that fails (cut short, edited, a file missing) is named in one warning line and built
 again; nothing trains on it. A disk that fills while an entry is written ends in one line saying
 where; the staging folder stays only if the next run can go on from it.
 """
@@ -131,11 +131,10 @@ def check_entry(folder: Path, meta: Any) -> None:
         raise DamagedEntry(tokenizer_file, "is missing") from None
     except (OSError, UnicodeDecodeError) as err:
         raise DamagedEntry(tokenizer_file, f"cannot be read ({type(err).__name__})") from None
-    if "tokenizer_sha256" in meta:
-        if text_hash(text) != meta["tokenizer_sha256"]:
-            raise DamagedEntry(tokenizer_file, "is not the tokenizer the entry was made with (its hash differs)")
-    else:  # made before hashes were recorded: it must at least be a tokenizer of the recorded size
-        check_tokenizer_text(tokenizer_file, text, meta.get("vocab_size"))
+    if "tokenizer_sha256" in meta and text_hash(text) != meta["tokenizer_sha256"]:
+        raise DamagedEntry(tokenizer_file, "is not the tokenizer the entry was made with (its hash differs)")
+    # the model is made as large as meta.json's vocab_size: a smaller one would fail on the first token above it
+    check_tokenizer_text(tokenizer_file, text, meta.get("vocab_size"))
 
 
 def check_tokenizer_text(file: Path, text: str, vocab_size: Any) -> None:
@@ -146,7 +145,7 @@ def check_tokenizer_text(file: Path, text: str, vocab_size: Any) -> None:
     except Exception:  # the library's own error for JSON it cannot read
         raise DamagedEntry(file, "is not a tokenizer that `tokenizers` can read") from None
     if size != vocab_size:
-        raise DamagedEntry(file, f"has {size} tokens where meta.json records {vocab_size}")
+        raise DamagedEntry(file.with_name("meta.json"), f"records {vocab_size} tokens where {file.name} has {size}")
 
 
 def find_cache(root: str | os.PathLike, key: str) -> TokenCache | None:

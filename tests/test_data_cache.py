@@ -235,11 +235,14 @@ def damage(entry, how: str) -> str:
     elif how == "wrong dtype in meta.json":
         meta = json.loads((entry / "meta.json").read_text())
         (entry / "meta.json").write_text(json.dumps({**meta, "dtype": "float32"}))
+    elif how == "vocab_size edited in meta.json":  # the model would be made too small for the token ids
+        meta = json.loads((entry / "meta.json").read_text())
+        (entry / "meta.json").write_text(json.dumps({**meta, "vocab_size": 100}))
     elif how == "unreadable meta.json":
         (entry / "meta.json").write_text('{"dtype": "uint16", "train_tok')
     elif how == "missing train.bin":
         (entry / "train.bin").unlink()
-    return {"wrong dtype in meta.json": "meta.json", "unreadable meta.json": "meta.json"}.get(how, how.split()[-1])
+    return how.split()[-1]
 
 
 DAMAGES = [
@@ -248,6 +251,7 @@ DAMAGES = [
     "truncated tokenizer.json",
     "cut-down tokenizer.json",
     "wrong dtype in meta.json",
+    "vocab_size edited in meta.json",
     "unreadable meta.json",
     "missing train.bin",
 ]
