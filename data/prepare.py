@@ -48,6 +48,18 @@ def default_num_proc() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+def worker_count(num_proc: int | None) -> int:
+    """The processes that tokenize: data.num_proc, or one per CPU core, and never more than that. Each
+    keeps a core busy and two shards in memory, so more would only start processes by the thousand
+    (a typo's data.num_proc=10000) and hold much of the corpus in memory, for no speed."""
+    cores = default_num_proc()
+    if num_proc is not None and num_proc > cores:
+        log.info(
+            "data.num_proc=%d: tokenizing with %d processes, one per CPU core this process may use", num_proc, cores
+        )
+    return cores if num_proc is None else min(num_proc, cores)
+
+
 def prepare_tokens(
     staging: Path,
     source: Source,
@@ -92,7 +104,7 @@ def prepare_tokens(
         can_split,
         shards,
         dtype.name,
-        num_proc or default_num_proc(),
+        worker_count(num_proc),
         shard_chars or SHARD_CHARS,
         progress,
     )

@@ -75,6 +75,19 @@ def test_processes_and_shard_sizes_do_not_change_the_ids(tmp_path, documents):
     assert one.ids("train")[: len(expected)].tolist() == expected
 
 
+def test_num_proc_above_the_cores_starts_one_process_per_core(tmp_path, documents, caplog):
+    """A data.num_proc of thousands would start thousands of processes, each holding shards in memory."""
+    cores = data.prepare.default_num_proc()
+    seen = []
+    with caplog.at_level("INFO"):
+        datamodule(
+            tmp_path, documents, progress=lambda _: seen.append(len(multiprocessing.active_children())),
+            num_proc=cores + 3, shard_chars=100_000,
+        ).prepare()  # fmt: skip
+    assert seen and max(seen) <= cores
+    assert f"data.num_proc={cores + 3}: tokenizing with {cores} processes, one per CPU core" in caplog.text
+
+
 @pytest.fixture(scope="module")
 def jsonl_corpus(tmp_path_factory, full_text):
     """The same text as 600 JSON Lines records."""
