@@ -24,7 +24,7 @@ from .cache import FORMAT_VERSION, TokenCache, build_cache, find_cache, fingerpr
 from .errors import DataError
 from .files import count, file_stats
 from .shards import PIECE_CHARS, SHARD_CHARS, encode_corpus, join_shards, read_records
-from .sources import Source, describe
+from .sources import Source, changed_file, describe
 from .tokenizer import build_tokenizer, load_pretrained, pretrained_files, splits_safely
 
 log = logging.getLogger(__name__)
@@ -144,10 +144,9 @@ def prepare_corpus(
     log.info("tokenizing %s once; later runs with the same data and tokenizer reuse the result", source.label)
     started = time.perf_counter()
     report = ProgressReport(progress)
-    cache = build_cache(
-        data_cfg.cache_dir,
-        key,
-        lambda staging: prepare_tokens(
+
+    def build(staging: Path) -> dict[str, Any]:
+        meta = prepare_tokens(
             staging,
             source,
             tokenizer_cfg,
@@ -155,8 +154,14 @@ def prepare_corpus(
             num_proc=data_cfg.get("num_proc"),
             shard_chars=data_cfg.get("shard_chars"),  # characters per shard; smaller resumes more finely
             progress=report,
-        ),
-    )
+        )
+        # the key names the files as they were when reading began; tokens of a file written meanwhile
+        # are of no one version of it, and must not be kept under that key
+        if (changed := changed_file(source)) is not None:
+            raise DataError(f"{changed} changed while it was tokenized; run again once it is no longer being written")
+        return meta
+
+    cache = build_cache(data_cfg.cache_dir, key, build)
     meta = cache.meta
     log.info(
         "%s: %s training and %s validation tokens (%.1f s) in %s",

@@ -48,6 +48,20 @@ class Source:
     fallback: str | None = None  # why the text asked for is not to be had, when this one stands in for it
 
 
+def changed_file(source: Source) -> str | None:
+    """The first of the source's files whose size or modification time is no longer the one in its
+    identity (or that is gone): the file was written after the source was described."""
+    for part in ("train", "val", "files"):  # the lists of file_stats in an identity
+        for path, size, mtime_ns in source.identity.get(part) or []:
+            try:
+                now = os.stat(path)
+            except OSError:
+                return path
+            if (now.st_size, now.st_mtime_ns) != (size, mtime_ns):
+                return path
+    return None
+
+
 def no_path() -> DataError:
     return DataError("data=text needs data.path: a file, a folder or a glob of .txt, .jsonl, .csv or .parquet files")
 

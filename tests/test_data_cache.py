@@ -88,6 +88,23 @@ def test_num_proc_above_the_cores_starts_one_process_per_core(tmp_path, document
     assert f"data.num_proc={cores + 3}: tokenizing with {cores} processes, one per CPU core" in caplog.text
 
 
+def test_a_file_written_while_it_is_tokenized_is_refused_and_nothing_is_kept(tmp_path, small_text):
+    """Its tokens are of no one version of the file: kept under the key of the first, they would be
+    found by a run on that version."""
+    text = tmp_path / "growing.txt"
+    text.write_text(small_text.read_text(encoding="utf-8"), encoding="utf-8")
+
+    def append(_record) -> None:
+        with open(text, "a", encoding="utf-8") as log:
+            log.write("another line, written as the file is read\n")
+
+    with pytest.raises(
+        DataError, match=f"^{text} changed while it was tokenized; run again once it is no longer being written$"
+    ):
+        datamodule(tmp_path / "cache", text, progress=append, num_proc=1, shard_chars=20_000).prepare()
+    assert entries(tmp_path / "cache") == []
+
+
 @pytest.fixture(scope="module")
 def jsonl_corpus(tmp_path_factory, full_text):
     """The same text as 600 JSON Lines records."""
