@@ -18,8 +18,9 @@ the folders it made to hold the entry.
 
 An entry is checked whenever it is opened, cheaply (no token file is read): the token files' sizes
 against the counts and dtype in meta.json, tokenizer.json against the hash recorded when it was made,
-and its number of tokens against meta.json's vocab_size, which the model is made as large as. An entry that fails (cut short, edited, a file missing) is named in one warning line and built
-again; nothing trains on it. A disk that fills while an entry is written ends in one line saying
+and its number of tokens against meta.json's vocab_size, which the model is made as large as. An
+entry that fails (cut short, edited, a file missing) is named in one warning line and built again;
+nothing trains on it. A disk that fills while an entry is written ends in one line saying
 where; the staging folder stays only if the next run can go on from it.
 """
 
