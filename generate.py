@@ -113,9 +113,6 @@ def check_args(args: argparse.Namespace) -> None:
         check_output_file(args.attention_png)
 
 
-PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-
-
 def check_output_file(path: Path) -> None:
     """Fail now, before any work, if the picture could not be written later; make no folder yet."""
     if path.suffix.lower() != ".png":
@@ -125,8 +122,11 @@ def check_output_file(path: Path) -> None:
     blocker = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
     if blocker is not None:
         raise UsageError(f"--attention-png {path}: {blocker} is a file, not a folder; choose another place")
-    if path.exists() and not is_png(path):
-        raise UsageError(f"--attention-png {path} exists and is not a picture; choose another name to keep it")
+    if path.exists() or path.is_symlink():
+        raise UsageError(
+            f"--attention-png {path} already exists, and a picture is never drawn over a file; give another "
+            "name, or remove it first to draw it again"
+        )
     nearest = next(p for p in (path.parent, *path.parents) if p.exists())
     try:
         with tempfile.TemporaryFile(dir=nearest):
@@ -135,15 +135,6 @@ def check_output_file(path: Path) -> None:
         raise UsageError(
             f"--attention-png {path}: cannot write in {nearest} ({err.strerror}); choose a writable folder"
         ) from None
-
-
-def is_png(path: Path) -> bool:
-    """A PNG file (a picture an earlier run drew, replaced like any plot); anything else is the user's to keep."""
-    try:
-        with path.open("rb") as f:
-            return f.read(len(PNG_SIGNATURE)) == PNG_SIGNATURE
-    except OSError:
-        return False
 
 
 def pick_device(name: str) -> torch.device:
@@ -217,8 +208,9 @@ def summary(result: Completion, args: argparse.Namespace, block_size: int, sourc
     )
 
 
-def save_attention(model, tokenizer: Tokenizer, result: Completion, path: Path) -> str:
-    """Draw the last layer's attention over sample 1's last window of tokens; returns a note for stderr."""
+def save_attention(model, tokenizer: Tokenizer, result: Completion, path: Path, replace: bool = False) -> str:
+    """Draw the last layer's attention over sample 1's last window of tokens; returns a note for stderr.
+    `replace`: the file at path is the picture this session drew for an earlier prompt."""
     from generation.attention_plot import save_attention_png
 
     ids = result.prompt_ids + result.first_sample_ids
@@ -229,7 +221,12 @@ def save_attention(model, tokenizer: Tokenizer, result: Completion, path: Path) 
     labels = [token_label(tokenizer, t) for t in window]
     title = f"layer {model.config.n_layer - 1} attention, {len(window)} tokens (prompt {max(prompt_len, 0)})"
     try:
-        save_attention_png(weights, labels, path, title=title, prompt_len=prompt_len)
+        save_attention_png(weights, labels, path, title=title, prompt_len=prompt_len, replace=replace)
+    except FileExistsError:
+        raise OutputError(
+            f"--attention-png {path} appeared while the text was generated (another process?); it is kept and "
+            "nothing was written; give another name"
+        ) from None
     except OSError as err:  # a full disk: the picture is written whole or not at all, so nothing is left
         raise OutputError(f"{cannot_write(f'--attention-png {path}', err)} (nothing was written)") from None
     cropped = f" (the last {len(window)} of {len(ids)} tokens: the context window)" if len(window) < len(ids) else ""
@@ -277,6 +274,7 @@ def run(args: argparse.Namespace) -> int:
     # from a file or a pipe have no one to ask, so there it ends the run, as it ends a one-off run
     stop_one = args.interactive and typed_at_terminal()
     fresh = True  # the generators have drawn nothing yet (a refused prompt draws nothing)
+    drawn = False  # the --attention-png file is this session's picture, redrawn for each prompt
     for prompt in prompts:
         try:
             result = generate_text(session, prompt, args, generators, fresh_seeds=fresh)
@@ -294,7 +292,8 @@ def run(args: argparse.Namespace) -> int:
         fresh = False
         print(summary(result, args, model.config.block_size, loaded.path), file=sys.stderr)
         if args.attention_png is not None:
-            print(save_attention(model, tokenizer, result, args.attention_png), file=sys.stderr)
+            print(save_attention(model, tokenizer, result, args.attention_png, replace=drawn), file=sys.stderr)
+            drawn = True
     return 0
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import warnings
@@ -15,11 +16,17 @@ MAX_LABELS = 96  # beyond this many tokens, label every n-th one so the labels s
 
 
 def save_attention_png(
-    weights: torch.Tensor, labels: list[str], path: str | Path, title: str = "", prompt_len: int | None = None
+    weights: torch.Tensor,
+    labels: list[str],
+    path: str | Path,
+    title: str = "",
+    prompt_len: int | None = None,
+    replace: bool = False,
 ) -> Path:
     """Write weights (n_head, T, T) as a PNG: row = the token attending (query), column = the token
     attended to (key). A dashed line marks where the prompt ends. The file appears complete or not
-    at all (written aside, then renamed), and a failed write leaves no folder it made."""
+    at all (written aside, then renamed), and a failed write leaves no folder it made. A file already
+    at `path` is kept (FileExistsError) unless `replace`: a picture this process drew there itself."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -65,8 +72,26 @@ def save_attention_png(
             with open(tmp, "wb") as out, warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # glyphs missing from the font: the label shows a box instead
                 figure.savefig(out, format="png", dpi=150)
-            os.replace(tmp, path)
+            if replace:
+                os.replace(tmp, path)
+            else:
+                put_new(tmp, path)
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
     return path
+
+
+def put_new(written: Path, path: Path) -> None:
+    """Give the finished file `written` the name `path`, which must still be free: a hard link fails if a
+    file took the name meanwhile (another process), where a rename would replace it."""
+    try:
+        os.link(written, path)
+    except FileExistsError:
+        raise
+    except OSError:  # a file system without hard links (FAT, some network shares)
+        if path.exists() or path.is_symlink():
+            raise FileExistsError(errno.EEXIST, "File exists", str(path)) from None
+        os.replace(written, path)
+        return
+    written.unlink()

