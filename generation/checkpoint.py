@@ -126,6 +126,10 @@ def given_or_newest(path: str | Path | None) -> Path:
 def resolve_checkpoint(path: str | Path) -> Path:
     """A `.ckpt` file itself, or the best (else last) checkpoint inside a run folder."""
     path = Path(path).expanduser()
+    if path.is_file() and path.suffix != ".ckpt" and is_hf_folder(path.parent):  # its config.json, its weights
+        raise CheckpointError(
+            f"{path} is one file of the Hugging Face model folder {path.parent}; pass the folder itself: {path.parent}"
+        )
     if path.is_file():
         return path
     if path.is_dir():

@@ -188,6 +188,20 @@ def test_generate_py_checkpoint_that_is_a_device(capsys):
     )
 
 
+def test_a_file_inside_a_hugging_face_folder_points_at_the_folder(transformers_folder, capsys):
+    weights = transformers_folder / "model.safetensors"
+    proc = run_script("generate.py", "--ckpt", str(weights), "--prompt", "ROMEO:")
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert one_error_line(proc.stderr) == (
+        f"error: {weights} is one file of the Hugging Face model folder {transformers_folder}; "
+        f"pass the folder itself: {transformers_folder}"
+    )
+    config = transformers_folder / "config.json"
+    for main in (explain.main, export.main):
+        assert main(["--ckpt", str(config), "--prompt" if main is explain.main else "--out", "x"]) == 1
+        assert f"pass the folder itself: {transformers_folder}" in one_error_line(capsys.readouterr().err)
+
+
 def test_generate_py_missing_checkpoint(tmp_path, capsys, monkeypatch):
     code = generate.main(["--ckpt", str(tmp_path / "nowhere"), "--prompt", "ROMEO:"])
     _, err = capsys.readouterr()
