@@ -90,8 +90,17 @@ README_ROWS = {
         "resume=outputs/nope does not exist; give a run folder, a checkpoint in one, or resume=auto",
     ),
     "a missing checkpoint to start from (`init_from=`)": (
-        ["init_from=runs/x"],
-        "init_from=runs/x does not exist; pass a .ckpt file, a run folder or a Hugging Face folder",
+        ["init_from=runs/x.ckpt"],
+        "init_from=runs/x.ckpt does not exist; pass a .ckpt file, a run folder or a Hugging Face folder",
+    ),
+    "a Hugging Face Hub name never downloaded (`init_from=gpt2`)": (  # HF_HOME: an empty folder (conftest.py)
+        ["init_from=gpt2"],
+        (
+            "init_from=gpt2 does not exist; pass a .ckpt file, a run folder or a Hugging Face folder. If gpt2 is "
+            "a Hugging Face Hub model: init_from reads only local files, and it was never downloaded here (the "
+            "Hugging Face cache has no copy); download it once where there is a network (hf download gpt2 "
+            "config.json model.safetensors tokenizer.json --local-dir hf/gpt2), then pass init_from=hf/gpt2"
+        ),
     ),
     "`trainer.accelerator=gpu` without a GPU": (
         ["trainer.accelerator=gpu"],

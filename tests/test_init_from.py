@@ -4,6 +4,7 @@ its tokenizer and shape, and refusing model settings that contradict it."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import pytest
@@ -167,6 +168,28 @@ def test_train_py_refuses_a_folder_whose_weights_do_not_fit_its_config_json_befo
         "transformer.wpe.weight: (32, 32) in the checkpoint, (64, 32) in the model"
     )
     assert not (tmp_path / "outputs").exists()
+
+
+def test_train_py_init_from_a_hub_name_says_where_its_weights_are_or_how_to_get_them(transformers_folder, tmp_path):
+    """init_from downloads nothing: `gpt2` with an empty Hugging Face cache says it was never downloaded
+    and how to get it; with a copy in the cache (as transformers keeps one), names that folder."""
+    hf_home = tmp_path / "hf_home"
+    env = {**os.environ, "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1"}
+    proc = run_script("train.py", *RUN, "init_from=gpt2", cwd=tmp_path, env=env)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "If gpt2 is a Hugging Face Hub model: init_from reads only local files, and it was never downloaded" in last
+    assert "--local-dir hf/gpt2), then pass init_from=hf/gpt2" in last
+    cached = hf_home / "hub" / "models--gpt2"
+    shutil.copytree(transformers_folder, cached / "snapshots" / "0123abc")
+    (cached / "refs").mkdir()
+    (cached / "refs" / "main").write_text("0123abc")
+    proc = run_script("train.py", *RUN, "init_from=gpt2", cwd=tmp_path, env=env)
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "error: init_from=gpt2 does not exist here, but the Hugging Face cache holds a copy of gpt2: "
+        f"pass init_from={cached / 'snapshots' / '0123abc'}"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf_home"]  # no run folder
 
 
 def test_weights_that_are_not_finite_are_refused_before_a_run_trains_on_them(transformers_folder, tmp_path):

@@ -9,6 +9,7 @@ checkpoint is refused, naming both values.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +18,7 @@ import torch
 from tokenizers import Tokenizer
 
 from data.tokenizer import load_pretrained
-from generation.checkpoint import CheckpointError, read_tokenizer, read_weights
+from generation.checkpoint import HF_WEIGHT_FILES, CheckpointError, read_tokenizer, read_weights
 from model import ConfigError, GPTConfig
 
 SHAPE_KEYS = ("n_layer", "n_head", "n_embd", "vocab_size", "bias")  # fixed by the weights
@@ -68,6 +69,42 @@ def reconcile(saved: GPTConfig, requested, asked: set[str], source: Path) -> GPT
             )
         values[key] = want
     return GPTConfig.from_dict(values)
+
+
+def missing_source(path: str) -> str:
+    """What to say of an init_from that names nothing on this machine. A name such as `gpt2` or
+    `openai-community/gpt2` is likely a Hugging Face Hub model, which init_from does not download: the
+    message points at the copy in the Hugging Face cache, if there is one, else at how to fetch it."""
+    missing = f"init_from={path} does not exist; pass a .ckpt file, a run folder or a Hugging Face folder"
+    parts = path.split("/")
+    hub_like = re.fullmatch(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?", path) and (
+        len(parts) == 1 or not Path(parts[0]).exists()
+    )
+    if not hub_like or Path(path).suffix in (".ckpt", ".pt", ".pth", ".bin"):
+        return missing
+    cached = hub_cache_copy(path)
+    if cached is not None:
+        return f"init_from={path} does not exist here, but the Hugging Face cache holds a copy of {path}: pass init_from={cached}"
+    local = f"hf/{parts[-1]}"
+    return (
+        f"{missing}. If {path} is a Hugging Face Hub model: init_from reads only local files, and it was never "
+        f"downloaded here (the Hugging Face cache has no copy); download it once where there is a network (hf "
+        f"download {path} config.json model.safetensors tokenizer.json --local-dir {local}), then pass init_from={local}"
+    )
+
+
+def hub_cache_copy(repo_id: str) -> Path | None:
+    """The folder of a Hub model's newest copy in the Hugging Face cache, if it holds a whole model."""
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        config = try_to_load_from_cache(repo_id, "config.json")
+    except ValueError:  # not a valid repository id after all
+        return None
+    if not isinstance(config, str):
+        return None
+    folder = Path(config).parent
+    return folder if any((folder / name).is_file() for name in HF_WEIGHT_FILES) else None
 
 
 def start_from(cfg, asked: set[str]) -> Start | None:

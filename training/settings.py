@@ -43,7 +43,7 @@ from .checks import (
     shown,
     time_budget_seconds,
 )
-from .init_from import Start, kept_tokenizer, model_keys_in, start_from
+from .init_from import Start, kept_tokenizer, missing_source, model_keys_in, start_from
 from .memory import check_fits, process_count_here, this_machine_free, tight_fit
 from .run_folder import SETTINGS_MARK as PREPARED
 from .run_folder import RunFolder, process_rank, step_of
@@ -257,9 +257,7 @@ def check(values: dict[str, Any], new_run: bool = True) -> tuple[dict[str, Any],
         values = check_values(values)
         init_from = values.get("init_from")
         if new_run and init_from and not Path(init_from).expanduser().exists():
-            raise CheckpointError(
-                f"init_from={init_from} does not exist; pass a .ckpt file, a run folder or a Hugging Face folder"
-            )
+            raise CheckpointError(missing_source(init_from))
         check_writable("data.cache_dir", values["data"]["cache_dir"])
         if values.get("latest_link"):
             check_link_place("latest_link", values["latest_link"])
