@@ -154,6 +154,11 @@ def resolve_checkpoint(path: str | Path) -> Path:
         if runs:  # a runs_root (outputs/) or a day of it
             newest = max(runs, key=lambda run: run.stat().st_mtime)
             raise CheckpointError(f"{path} holds runs, not one run: name one of them, e.g. the newest, {newest}")
+        models = sorted(config.parent for config in path.glob("*/config.json") if config.is_file())
+        if models:  # export.py's --out folders side by side (hf/my-model)
+            raise CheckpointError(
+                f"{path} holds Hugging Face model folders, not one model: name one of them, e.g. {models[0]}"
+            )
         raise CheckpointError(
             f"no checkpoint in {path}: expected checkpoints/best.ckpt or checkpoints/last.ckpt (a run folder), "
             "or config.json with model.safetensors (a Hugging Face folder)"

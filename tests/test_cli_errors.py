@@ -188,7 +188,7 @@ def test_generate_py_checkpoint_that_is_a_device(capsys):
     )
 
 
-def test_a_file_inside_a_hugging_face_folder_points_at_the_folder(transformers_folder, capsys):
+def test_a_file_inside_a_hugging_face_folder_or_a_folder_of_them_points_at_one(transformers_folder, capsys):
     weights = transformers_folder / "model.safetensors"
     proc = run_script("generate.py", "--ckpt", str(weights), "--prompt", "ROMEO:")
     assert proc.returncode == 1 and proc.stdout == ""
@@ -200,6 +200,11 @@ def test_a_file_inside_a_hugging_face_folder_points_at_the_folder(transformers_f
     for main in (explain.main, export.main):
         assert main(["--ckpt", str(config), "--prompt" if main is explain.main else "--out", "x"]) == 1
         assert f"pass the folder itself: {transformers_folder}" in one_error_line(capsys.readouterr().err)
+    assert generate.main(["--ckpt", str(transformers_folder.parent), "--prompt", "ROMEO:"]) == 1
+    assert one_error_line(capsys.readouterr().err) == (
+        f"error: {transformers_folder.parent} holds Hugging Face model folders, not one model: name one of them, "
+        f"e.g. {transformers_folder}"
+    )
 
 
 def test_generate_py_missing_checkpoint(tmp_path, capsys, monkeypatch):
