@@ -182,6 +182,8 @@ def build_cache(root: str | os.PathLike, key: str, build: Callable[[Path], dict[
         hold(lock, f"another process is preparing these tokens; waiting for it ({staging})")
     except OSError as err:  # a folder of the cache made by another user, or on a read-only disk
         remove_if_empty(made)
+        if (blocker := wrong_kind_at(err, tokens)) is not None:
+            raise wrong_kind(blocker) from None
         if err.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
             raise
         raise DataError(
@@ -204,6 +206,8 @@ def build_cache(root: str | os.PathLike, key: str, build: Callable[[Path], dict[
                 shutil.rmtree(staging, ignore_errors=True)
                 raise
             except OSError as err:
+                if (blocker := wrong_kind_at(err, staging)) is not None:  # the rest is kept to go on from
+                    raise wrong_kind(blocker) from None
                 if (refused := refused_write(err)) is None:
                     raise
                 raise disk_full(staging, refused) from None
@@ -229,10 +233,25 @@ def check_folders(tokens: Path, key: str) -> None:
     copy gone wrong, a stray `touch`) is named, for the user to remove, rather than found part way."""
     for folder in (tokens, tokens / ".locks", tokens / key, tokens / f"{key}.partial"):
         if folder.exists() and not folder.is_dir():
-            raise DataError(
-                f"the token cache cannot use {folder}: it is a file where the cache keeps a folder; remove it, "
-                "or set data.cache_dir to another folder"
-            )
+            raise wrong_kind(folder)
+
+
+def wrong_kind(path: Path) -> DataError:
+    """The error for a file where the cache keeps a folder, or a folder where it keeps a file."""
+    found, kept = ("folder", "file") if path.is_dir() else ("file", "folder")
+    return DataError(
+        f"the token cache cannot use {path}: it is a {found} where the cache keeps a {kept}; remove it, "
+        "or set data.cache_dir to another folder"
+    )
+
+
+def wrong_kind_at(err: OSError, inside: Path) -> Path | None:
+    """The path below `inside` that err failed on for being of the wrong kind: a folder where a file is
+    written or renamed to (a stray `mkdir`), a file where a folder is made (a stray `touch`); else None."""
+    if err.errno not in (errno.EEXIST, errno.EISDIR):
+        return None
+    path = Path(err.filename2 or err.filename or "")  # a rename's target is its second name
+    return path if inside in path.parents else None
 
 
 def entry_lock(tokens: Path, key: str) -> FileLock:

@@ -236,6 +236,29 @@ def test_a_file_where_the_cache_keeps_a_folder_is_named_and_left_alone(place, tm
     assert blocker.read_text() == "not a folder"
 
 
+@pytest.mark.parametrize(
+    "place, found",
+    [("{key}.partial/shards", "file"), ("{key}.partial/meta.json", "folder"), (".locks/{key}.lock", "folder")],
+)
+def test_the_wrong_kind_of_thing_where_a_preparation_writes_is_named_and_left_alone(place, found, tmp_path, small_text):
+    """A file where an entry in progress keeps a folder, or a folder where it writes a file, ended in a
+    FileExistsError or IsADirectoryError traceback; once it is removed, the next run goes on."""
+    _, key = data.prepare.corpus_key(data_config(tmp_path, path=str(small_text)), bpe_config())
+    blocker = tmp_path / "tokens" / place.format(key=key)
+    blocker.parent.mkdir(parents=True)
+    blocker.mkdir() if found == "folder" else blocker.write_text("not a folder")
+    with pytest.raises(DataError) as refused:
+        datamodule(tmp_path, small_text).prepare()
+    kept = "file" if found == "folder" else "folder"
+    assert str(refused.value) == (
+        f"the token cache cannot use {blocker}: it is a {found} where the cache keeps a {kept}; remove it, "
+        "or set data.cache_dir to another folder"
+    )
+    assert blocker.is_dir() == (found == "folder")
+    blocker.rmdir() if found == "folder" else blocker.unlink()
+    assert datamodule(tmp_path, small_text).prepare().meta["train_tokens"] > 0
+
+
 def test_train_py_with_a_file_in_the_place_of_the_cache_folder_says_so_in_one_line(tmp_path, small_text):
     (tmp_path / "cache").mkdir()
     (tmp_path / "cache" / "tokens").write_text("not a folder")
