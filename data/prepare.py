@@ -141,11 +141,11 @@ def prepare_corpus(
         log.info("using cached tokens of %s from %s", source.label, cache.folder)
         cache.fallback = source.fallback
         return cache
-    log.info("tokenizing %s once; later runs with the same data and tokenizer reuse the result", source.label)
     started = time.perf_counter()
     report = ProgressReport(progress)
 
     def build(staging: Path) -> dict[str, Any]:
+        log.info("tokenizing %s once; later runs with the same data and tokenizer reuse the result", source.label)
         meta = prepare_tokens(
             staging,
             source,
@@ -162,6 +162,10 @@ def prepare_corpus(
         return meta
 
     cache = build_cache(data_cfg.cache_dir, key, build)
+    cache.fallback = source.fallback
+    if not cache.made_now:  # another process made it while this one waited
+        log.info("using the tokens of %s that another process prepared, from %s", source.label, cache.folder)
+        return cache
     meta = cache.meta
     log.info(
         "%s: %s training and %s validation tokens (%.1f s) in %s",
@@ -171,7 +175,6 @@ def prepare_corpus(
         time.perf_counter() - started,
         cache.folder,
     )
-    cache.fallback = source.fallback
     return cache
 
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import logging
 import multiprocessing
 import os
 import re
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -216,6 +218,36 @@ def test_only_one_process_prepares_the_others_wait_and_read(tmp_path, documents)
     assert os.listdir(tmp_path / "tokens" / ".locks") == []  # each lock's file went with its last holder
     meta = json.loads((tmp_path / "tokens" / outcomes[0][2] / "meta.json").read_text())
     assert meta["train_tokens"] > 0
+
+
+def prepare_and_say(cache_dir, path, said):
+    """prepare() in a forked process, passing on each line it logs."""
+    handler = logging.Handler()
+    handler.emit = lambda record: said.put(record.getMessage())
+    logging.getLogger("data").addHandler(handler)
+    logging.getLogger("data").setLevel(logging.INFO)
+    datamodule(cache_dir, path).prepare()
+    said.put(None)
+
+
+def test_a_process_that_waited_for_another_says_it_used_that_ones_tokens(tmp_path, small_text):
+    """It logged "tokenizing ... once" and then a count of tokens and seconds, as if it had made them."""
+    made = datamodule(tmp_path / "elsewhere", small_text).prepare().folder
+    tokens = tmp_path / "tokens"
+    (tokens / ".locks").mkdir(parents=True)
+    lock = data.cache.entry_lock(tokens, made.name)
+    lock.acquire()  # as the process that prepares these tokens holds it
+    context = multiprocessing.get_context("fork")
+    said = context.Queue()
+    waiter = context.Process(target=prepare_and_say, args=(tmp_path, small_text, said))
+    waiter.start()
+    lines = [said.get(timeout=60)]
+    assert lines[0].startswith("another process is preparing these tokens; waiting for it")
+    shutil.copytree(made, tokens / made.name)  # the other process's entry, whole
+    data.cache.let_go(lock)
+    lines += iter(lambda: said.get(timeout=60), None)
+    waiter.join()
+    assert lines[1:] == [f"using the tokens of {small_text} that another process prepared, from {tokens / made.name}"]
 
 
 # ---- the cache's own folders --------------------------------------------------------------------------
