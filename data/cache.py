@@ -14,7 +14,8 @@ entry's name is always whole. A preparation that stops part way leaves the .part
 finished shards, for the next run to go on from. One process at a time builds an entry (a file lock in
 tokens/.locks, removed by its holder as the last thing it does, so none is left lying about); others
 wait for it and then read. A preparation refused for its input leaves nothing in the cache, not even
-the folders it made to hold the entry.
+the folders it made to hold the entry. Finished entries are only read, so a cache that cannot be
+written (a teacher's, shared read-only) serves them; only a missing entry needs it writable.
 
 An entry is checked whenever it is opened, cheaply (no token file is read): the token files' sizes
 against the counts and dtype in meta.json, tokenizer.json against the hash recorded when it was made,
@@ -187,8 +188,9 @@ def build_cache(root: str | os.PathLike, key: str, build: Callable[[Path], dict[
         if err.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
             raise
         raise DataError(
-            f"the token cache cannot be written: {err.filename} ({err.strerror}); make {tokens} writable, "
-            "or set data.cache_dir to a folder you can write to"
+            f"the token cache has no entry for this data and tokenizer, and cannot be written to make one: "
+            f"{err.filename} ({err.strerror}); make {Path(err.filename).parent} writable, or set data.cache_dir "
+            "to a folder you can write to"
         ) from None
     try:
         try:

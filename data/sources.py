@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
+from .cache import missing_folders, remove_if_empty
 from .corpus import Corpus, Part
 from .errors import DataError
 from .files import expand_paths, file_stats, find_not_utf8, text_rows
@@ -424,10 +425,20 @@ def find_shakespeare(cache_dir: str, local_copies: list[str], url: str) -> str |
     except Exception as err:  # no network, a proxy, a moved URL: all mean "not available now"
         log.debug("download of %s failed: %s", url, err)
         return None
-    cached.parent.mkdir(parents=True, exist_ok=True)
-    partial = cached.with_suffix(".partial")
-    partial.write_text("".join(t for t in ds["text"] if t), encoding="utf-8")
-    partial.replace(cached)  # a file at the cached path is always complete
+    made, partial = missing_folders(cached.parent), cached.with_suffix(".partial")
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        partial.write_text("".join(t for t in ds["text"] if t), encoding="utf-8")
+        partial.replace(cached)  # a file at the cached path is always complete
+    except OSError as err:  # a read-only cache (which serves finished token entries), a full disk
+        if partial.is_file():
+            partial.unlink()
+        remove_if_empty(made)
+        raise DataError(
+            f"Tiny Shakespeare was downloaded but cannot be kept in the cache: {err.filename} ({err.strerror}); "
+            "make the cache writable (or free space), set data.cache_dir to a folder you can write to, or give "
+            "a copy with data.path"
+        ) from None
     return str(cached)
 
 

@@ -289,6 +289,20 @@ def test_shakespeare_is_downloaded_once_then_read_from_the_cache(tmp_path, small
     assert again.label == str(cached) and again.identity == downloaded.identity
 
 
+def test_a_download_the_cache_cannot_keep_is_refused_in_one_line_and_nothing_is_left(tmp_path, small_text):
+    """A cache that cannot be written (here a file where it keeps the folder of sources; a read-only one
+    is refused the same way) ended in an OSError traceback once the text was downloaded."""
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "sources").write_text("not a folder")
+    cfg = data_config(tmp_path / "cache", source="shakespeare", url=str(small_text))  # a local "download"
+    with pytest.raises(DataError) as refused:
+        describe(cfg)
+    assert str(refused.value).startswith(
+        f"Tiny Shakespeare was downloaded but cannot be kept in the cache: {tmp_path / 'cache' / 'sources' / 'tinyshakespeare'} ("
+    )
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == ["sources"]
+
+
 # ---- windows ----------------------------------------------------------------------------------------
 
 

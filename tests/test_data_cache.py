@@ -26,7 +26,20 @@ from data.cache import find_cache
 from data.datamodule import TextDataModule
 from data.tokenizer import EOT
 
-from .common import CHAR_TOKENIZER, ROOT, TINY_OVERRIDES, bpe_config, data_config, one_error_line, run_script
+from .common import (
+    CHAR_TOKENIZER,
+    ROOT,
+    TINY_OVERRIDES,
+    bpe_config,
+    compose_config,
+    data_config,
+    one_error_line,
+    run_script,
+    runs_under,
+    script_command,
+    script_environment,
+    snapshot,
+)
 
 
 def datamodule(cache_dir, path, tokenizer=None, progress=None, **data):
@@ -299,6 +312,54 @@ def test_train_py_with_a_file_in_the_place_of_the_cache_folder_says_so_in_one_li
     assert proc.returncode == 1
     assert one_error_line(proc.stderr).startswith(f"error: the token cache cannot use {tmp_path / 'cache' / 'tokens'}:")
     assert not (tmp_path / "outputs").exists()
+
+
+def as_a_user(command: list[str]) -> list[str]:
+    """command, run so that file permissions bind it: root writes anywhere unless it gives up the
+    capability to (setpriv); skipped where neither is possible."""
+    if os.geteuid() != 0:
+        return command
+    if shutil.which("setpriv") is None:
+        pytest.skip("needs setpriv to run without root's right to write anywhere")
+    return ["setpriv", "--bounding-set=-dac_override,-dac_read_search,-fowner", *command]
+
+
+@pytest.mark.slow
+def test_a_read_only_cache_serves_its_finished_entries_and_refuses_a_missing_one_in_one_line(tmp_path, small_text):
+    """A cache prepared once and shared read-only was refused as a whole, though a run whose entry it
+    holds writes nothing in it."""
+    cache = tmp_path / "cache"
+    cfg = compose_config(*TINY_OVERRIDES, f"data.path={small_text}", f"data.cache_dir={cache}")
+    TextDataModule(cfg.data, cfg.tokenizer, cfg.model.block_size, cfg.seed, num_batches=1).prepare()
+    env = {**script_environment(None, None), "TINYGPT2_CACHE": str(cache)}
+    subprocess.run(["chmod", "-R", "a-w", str(cache)], check=True)
+    before = snapshot(cache)
+    try:
+        run = [*TINY_OVERRIDES, f"data.path={small_text}"]
+        served = subprocess.run(
+            as_a_user(script_command(("train.py", *run), tmp_path)),
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+        assert served.returncode == 0, served.stderr[-2000:]
+        assert "using cached tokens" in served.stdout + served.stderr
+        refused = subprocess.run(
+            as_a_user(script_command(("train.py", *run, "tokenizer.vocab_size=320"), tmp_path)),
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+        assert snapshot(cache) == before
+    finally:
+        subprocess.run(["chmod", "-R", "u+w", str(cache)], check=True)
+    assert refused.returncode == 1
+    assert one_error_line(refused.stderr).startswith(
+        "error: the token cache has no entry for this data and tokenizer, and cannot be written to make one: "
+    )
+    assert len(runs_under(tmp_path / "outputs")) == 1  # the served run's; none for the refused one
 
 
 # ---- an entry is checked before it is used ---------------------------------------------------------------

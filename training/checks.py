@@ -224,20 +224,31 @@ class Devices:
 
 def check_writable(key: str, folder: str) -> None:
     """A folder that can be made and written (it need not exist yet)."""
-    named = f"{key}={folder}"
-    if key == "data.cache_dir" and folder == os.environ.get("TINYGPT2_CACHE"):  # what configs/data/*.yaml say
-        named = f"TINYGPT2_CACHE={folder} (data.cache_dir)"
-    existing = Path(folder).expanduser().absolute()
-    while not existing.exists():
-        existing = existing.parent
-    if not existing.is_dir():
-        raise SettingError(f"{named}: {existing} is a file, not a folder; choose a folder you can write to")
+    named, existing = setting_name(key, folder), nearest_folder(key, folder)
     try:
         tempfile.TemporaryDirectory(dir=existing).cleanup()
     except OSError as err:
         raise SettingError(
             f"{named}: cannot write in {existing} ({err.strerror}); choose a folder you can write to"
         ) from None
+
+
+def nearest_folder(key: str, folder: str) -> Path:
+    """folder, or the nearest of its parents that exists: a folder, not a file."""
+    existing = Path(folder).expanduser().absolute()
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise SettingError(
+            f"{setting_name(key, folder)}: {existing} is a file, not a folder; choose a folder you can write to"
+        )
+    return existing
+
+
+def setting_name(key: str, folder: str) -> str:
+    if key == "data.cache_dir" and folder == os.environ.get("TINYGPT2_CACHE"):  # what configs/data/*.yaml say
+        return f"TINYGPT2_CACHE={folder} (data.cache_dir)"
+    return f"{key}={folder}"
 
 
 def check_link_place(key: str, path: str) -> None:

@@ -36,8 +36,8 @@ from .checks import (
     as_max_time,
     check_link_place,
     check_values,
-    check_writable,
     lookup,
+    nearest_folder,
     probe_trainer,
     put,
     shown,
@@ -258,7 +258,8 @@ def check(values: dict[str, Any], new_run: bool = True) -> tuple[dict[str, Any],
         init_from = values.get("init_from")
         if new_run and init_from and not Path(init_from).expanduser().exists():
             raise CheckpointError(missing_source(init_from))
-        check_writable("data.cache_dir", values["data"]["cache_dir"])
+        # a folder, not necessarily writable: a shared read-only cache serves the entries it holds
+        nearest_folder("data.cache_dir", values["data"]["cache_dir"])
         if values.get("latest_link"):
             check_link_place("latest_link", values["latest_link"])
         for name in PATH_KEYS:
