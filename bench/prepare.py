@@ -36,6 +36,9 @@ sys.path.insert(0, str(ROOT))
 from bench import common  # noqa: E402
 
 PIECE = 65_536
+# Disk per byte of corpus at the peak: the corpus itself, and its token ids twice (the shards, and
+# train.bin and val.bin joined from them), each about 0.83 bytes of uint16 ids per byte of text
+DISK_PER_CORPUS_BYTE = 3
 
 
 def build_corpus(source: Path, folder: Path, megabytes: int) -> int:
@@ -55,6 +58,17 @@ def build_corpus(source: Path, folder: Path, megabytes: int) -> int:
         written += path.stat().st_size
         edition += 1
     return written
+
+
+def check_room(megabytes: int, folder: str) -> None:
+    """Refuse a corpus that the disk holding folder has no room to prepare, before anything is written."""
+    need, free = megabytes * 1_000_000 * DISK_PER_CORPUS_BYTE, shutil.disk_usage(folder).free
+    if need > free:
+        raise SystemExit(
+            f"error: --mb {megabytes} needs about {need / 1e9:,.1f} GB free in {folder} (the corpus and its token "
+            f"ids, twice while they are joined) and it has {free / 1e9:,.1f} GB; use a smaller --mb, or set "
+            "TMPDIR to a folder on a disk with room"
+        )
 
 
 def child(corpus: str, cache: str) -> None:
@@ -197,6 +211,7 @@ def main() -> None:
         raise SystemExit(f"error: --mb must be at least 1, got {args.mb}")
     if not args.shakespeare.is_file():
         raise SystemExit(f"error: --shakespeare {args.shakespeare}: no such file; give Tiny Shakespeare's input.txt")
+    check_room(args.mb, tempfile.gettempdir())
 
     work = Path(tempfile.mkdtemp(prefix="tinygpt2-bench-"))
     try:

@@ -94,6 +94,21 @@ def test_a_benchmark_refuses_a_bad_count_in_one_line(script, args, said):
     assert "Traceback" not in proc.stderr
 
 
+def test_prepare_refuses_a_corpus_the_disk_has_no_room_for_before_writing_it(tmp_path):
+    """--mb 100000 wrote editions until the disk was full, then ended in an OSError traceback. (The
+    timeout stops a version that writes: the refusal comes in the time Python takes to start.)"""
+    env = {**script_environment(None, None), "TMPDIR": str(tmp_path)}
+    proc = run_script("bench/prepare.py", "--mb", str(10**12), env=env, timeout=60)
+    assert proc.returncode == 1
+    assert re.fullmatch(
+        rf"error: --mb {10**12} needs about 3,000,000,000\.0 GB free in {re.escape(str(tmp_path))} \(the corpus and "
+        r"its token ids, twice while they are joined\) and it has [\d,.]+ GB; use a smaller --mb, or set TMPDIR "
+        r"to a folder on a disk with room",
+        proc.stderr.strip(),
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_precision_benchmark_prints_its_table():
     proc = run_script("bench/precision.py", "--shapes", "nano", "--steps", "2", "--warmup", "1")
     assert proc.returncode == 0, proc.stderr
