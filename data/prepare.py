@@ -11,6 +11,7 @@ import errno
 import json
 import logging
 import os
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -73,9 +74,8 @@ def prepare_tokens(
     into staging/{tokenizer.json, train.bin, val.bin}; returns the meta of the cache entry."""
     tokenizer_file = staging / "tokenizer.json"
     corpus = None
-    if tokenizer_file.is_file():
-        tokenizer = Tokenizer.from_file(str(tokenizer_file))
-    else:
+    tokenizer = kept_tokenizer(staging)
+    if tokenizer is None:
         if given is not None:
             tokenizer = given
         else:
@@ -119,8 +119,23 @@ def prepare_tokens(
             "(data.val_fraction) is taken; give a longer text"
         )
     failpoint_disk_full(staging)
-    join_shards(shards, len(read_records(shards)), staging)
+    join_shards(shards, len(read_records(shards, dtype.name)), staging)
     return {"format": FORMAT_VERSION, "dtype": dtype.name, "vocab_size": vocab_size, "source": source.label, **counts}
+
+
+def kept_tokenizer(staging: Path) -> Tokenizer | None:
+    """The tokenizer that an earlier, stopped preparation left in staging, if it can be read. One that
+    cannot (a stray edit, a copy gone wrong) is said, and goes with the shards made with it."""
+    file = staging / "tokenizer.json"
+    if not file.is_file():
+        return None
+    try:
+        return Tokenizer.from_file(str(file))
+    except Exception:  # the library's own error for JSON it cannot read
+        log.warning("%s is not a tokenizer that `tokenizers` can read; preparing these tokens from the start", file)
+        shutil.rmtree(staging / "shards", ignore_errors=True)
+        file.unlink()
+        return None
 
 
 def failpoint_disk_full(staging: Path) -> None:

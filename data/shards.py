@@ -138,12 +138,34 @@ class ShardEncoder:
             yield batch
 
 
-def read_records(folder: Path) -> list[dict]:
-    """The records of finished shards 0, 1, 2, ... up to the first one missing."""
+def read_records(folder: Path, dtype: str) -> list[dict]:
+    """The records of finished shards 0, 1, 2, ... up to the first one missing or not whole (a record
+    that cannot be read, a shard file missing or of another size than its count: a stray edit, a copy
+    gone wrong), which is said; that shard and those after it are tokenized again."""
     records = []
     while (path := folder / f"{len(records):06d}.json").is_file():
-        records.append(json.loads(path.read_text()))
+        if (record := finished_shard(path, np.dtype(dtype).itemsize)) is None:
+            log.warning("%s or its token files are not whole; tokenizing again from that shard on", path)
+            break
+        records.append(record)
     return records
+
+
+def finished_shard(record_file: Path, itemsize: int) -> dict | None:
+    """A shard's record, if it can be read and its token files hold the tokens it counts; else None."""
+    try:
+        record = json.loads(record_file.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or "position" not in record:
+        return None
+    if not all(isinstance(record.get(key), int) and record[key] >= 0 for key in COUNTS):
+        return None
+    for split in SPLITS:
+        tokens = record_file.with_name(f"{record_file.stem}.{split}.bin")
+        if not tokens.is_file() or tokens.stat().st_size != record[f"{split}_tokens"] * itemsize:
+            return None
+    return record
 
 
 def cut_shards(corpus: Corpus, first: int, position: dict | None, shard_chars: int) -> Iterator[Shard]:
@@ -172,7 +194,7 @@ def encode_corpus(
     """Tokenize the corpus into shard files under folder, going on after the shards already recorded
     there; returns the total counts."""
     folder.mkdir(parents=True, exist_ok=True)
-    records = read_records(folder)
+    records = read_records(folder, dtype)
     if records:
         log.info("resuming: %d shards already tokenized", len(records))
     shards = cut_shards(corpus, len(records), records[-1]["position"] if records else None, shard_chars)

@@ -161,6 +161,35 @@ def test_an_interrupted_preparation_resumes_where_it_stopped(tmp_path, documents
     )
 
 
+@pytest.mark.parametrize("how", ["record cannot be read", "shard file missing", "tokenizer"])
+def test_a_partial_entry_damaged_between_runs_is_said_and_redone_from_the_damage(tmp_path, documents, how, caplog):
+    """A partial entry with a shard's record or files broken (a stray edit, a copy gone wrong) ended in a
+    JSONDecodeError or FileNotFoundError traceback on every later run; an unreadable
+    tokenizer.json in an Exception from `tokenizers`."""
+
+    def stop_after_three(record):
+        if record["index"] == 2:
+            raise KeyboardInterrupt  # as Ctrl-C would, between shards
+
+    with pytest.raises(KeyboardInterrupt):
+        datamodule(tmp_path, documents, progress=stop_after_three, num_proc=1, shard_chars=40_000).prepare()
+    (staging,) = (tmp_path / "tokens").glob("*.partial")
+    damaged = {
+        "record cannot be read": staging / "shards" / "000001.json",
+        "shard file missing": staging / "shards" / "000001.val.bin",
+        "tokenizer": staging / "tokenizer.json",
+    }[how]
+    damaged.unlink() if how == "shard file missing" else damaged.write_text("{oops")
+    encoded = []
+    resumed = datamodule(tmp_path, documents, progress=encoded.append, num_proc=1, shard_chars=40_000).prepare()
+    assert encoded[0]["index"] == (0 if how == "tokenizer" else 1)
+    assert str(staging / ("tokenizer.json" if how == "tokenizer" else "shards/000001.json")) in caplog.text
+    clean = datamodule(tmp_path / "clean", documents, num_proc=1).prepare()
+    assert np.array_equal(resumed.ids("train"), clean.ids("train")) and np.array_equal(
+        resumed.ids("val"), clean.ids("val")
+    )
+
+
 KILLABLE = """
 import sys
 sys.path.insert(0, {root!r})
