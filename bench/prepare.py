@@ -43,8 +43,16 @@ DISK_PER_CORPUS_BYTE = 3
 
 def build_corpus(source: Path, folder: Path, megabytes: int) -> int:
     """Editions of the play text until `megabytes` of it; returns the bytes written."""
-    text = source.read_text(encoding="utf-8")
+    try:
+        text = source.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        text = ""
     speeches = [s for s in text.split("\n\n") if ":\n" in s]
+    if not speeches:  # editions of nothing would never add up to the size asked for
+        raise SystemExit(
+            f"error: --shakespeare {source} holds no speeches in UTF-8 text (a speaker's name and a colon on a "
+            "line, the speech below it, a blank line between); give Tiny Shakespeare's input.txt"
+        )
     speakers = sorted({s.split(":\n", 1)[0] for s in speeches})
     folder.mkdir(parents=True)
     written, edition = 0, 0

@@ -109,6 +109,21 @@ def test_prepare_refuses_a_corpus_the_disk_has_no_room_for_before_writing_it(tmp
     assert list(tmp_path.iterdir()) == []
 
 
+def test_prepare_refuses_a_text_with_no_speeches_in_one_line(tmp_path):
+    """An empty file (or one with no speeches) gave editions of nothing: empty files, written until
+    stopped. (The timeout stops a version that loops.)"""
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    env = {**script_environment(None, None), "TMPDIR": str(tmp_path)}
+    proc = run_script("bench/prepare.py", "--mb=1", f"--shakespeare={empty}", env=env, timeout=60)
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == (
+        f"error: --shakespeare {empty} holds no speeches in UTF-8 text (a speaker's name and a colon on a line, "
+        "the speech below it, a blank line between); give Tiny Shakespeare's input.txt"
+    )
+    assert [p.name for p in tmp_path.iterdir()] == ["empty.txt"]
+
+
 def test_precision_benchmark_prints_its_table():
     proc = run_script("bench/precision.py", "--shapes", "nano", "--steps", "2", "--warmup", "1")
     assert proc.returncode == 0, proc.stderr
