@@ -234,6 +234,11 @@ def check_folders(tokens: Path, key: str) -> None:
     """The places that the cache keeps folders in must hold folders, if anything: a file in one (a
     copy gone wrong, a stray `touch`) is named, for the user to remove, rather than found part way."""
     for folder in (tokens, tokens / ".locks", tokens / key, tokens / f"{key}.partial"):
+        if folder.is_symlink() and not folder.exists():  # a link to a folder moved or deleted
+            raise DataError(
+                f"the token cache cannot use {folder}: it is a link to {os.readlink(folder)}, which does not "
+                "exist; remove the link, or set data.cache_dir to another folder"
+            )
         if folder.exists() and not folder.is_dir():
             raise wrong_kind(folder)
 

@@ -310,6 +310,22 @@ def test_a_file_where_the_cache_keeps_a_folder_is_named_and_left_alone(place, tm
     assert blocker.read_text() == "not a folder"
 
 
+@pytest.mark.parametrize("place", ["tokens", "tokens/{key}", "tokens/{key}.partial"])
+def test_a_link_to_nothing_where_the_cache_keeps_a_folder_is_named_before_any_work(place, tmp_path, small_text):
+    """A link to a folder since moved ended, after the whole text was tokenized, in a traceback."""
+    _, key = data.prepare.corpus_key(data_config(tmp_path, path=str(small_text)), bpe_config())
+    link = tmp_path / place.format(key=key)
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(tmp_path / "moved")
+    with pytest.raises(DataError) as refused:
+        datamodule(tmp_path, small_text).prepare()
+    assert str(refused.value) == (
+        f"the token cache cannot use {link}: it is a link to {tmp_path / 'moved'}, which does not exist; "
+        "remove the link, or set data.cache_dir to another folder"
+    )
+    assert link.is_symlink() and not (tmp_path / "moved").exists()
+
+
 @pytest.mark.parametrize(
     "place, found",
     [("{key}.partial/shards", "file"), ("{key}.partial/meta.json", "folder"), (".locks/{key}.lock", "folder")],
