@@ -79,13 +79,21 @@ def check_room(megabytes: int, folder: str) -> None:
         )
 
 
+SAID = 3  # the exit of a preparation that refused to go on and said why on stderr
+
+
 def child(corpus: str, cache: str) -> None:
     """One preparation, as `python train.py data=text data.path=corpus` would do it; prints its timing.
     Stopped (Ctrl-C) by the benchmark that started it, which says so, it ends without a word."""
+    from data.errors import DataError
+
     try:
         prepare(corpus, cache)
     except KeyboardInterrupt:
         sys.exit(130)
+    except DataError as err:  # a full disk part way: said here, in one line, for the benchmark to end on
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(SAID)
 
 
 def prepare(corpus: str, cache: str) -> None:
@@ -178,6 +186,8 @@ def run_child(corpus: Path, cache: Path, env: dict) -> tuple[dict, MemorySampler
         out, _ = proc.communicate()
         sampler.stopped.set()
         sampler.join()
+    if proc.returncode == SAID:
+        sys.exit(1)
     if proc.returncode != 0:
         sys.exit(f"error: the preparation failed (exit {proc.returncode})")
     return json.loads(out.strip().splitlines()[-1]), sampler, time.perf_counter() - started

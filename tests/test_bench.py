@@ -94,6 +94,19 @@ def test_a_benchmark_refuses_a_bad_count_in_one_line(script, args, said):
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
+def test_prepare_ends_on_the_preparations_own_line_when_the_disk_fills_part_way(tmp_path):
+    """The disk filling during the preparation (after the check of room up front) ended in a DataError
+    traceback from the child process, then a second line from the benchmark."""
+    env = {**script_environment(None, None), "TMPDIR": str(tmp_path), "TINYGPT2_FAILPOINT": "cache_enospc:1"}
+    proc = run_script("bench/prepare.py", "--mb", "1", env=env, timeout=300)
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith("error: the disk is full: writing the token cache at ")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_prepare_refuses_a_corpus_the_disk_has_no_room_for_before_writing_it(tmp_path):
     """--mb 100000 wrote editions until the disk was full, then ended in an OSError traceback. (The
     timeout stops a version that writes: the refusal comes in the time Python takes to start.)"""
