@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import re
+import shutil
 import struct
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from model import GPT
 from training.checks import SettingError, check_values, wandb_credentials_present, wandb_mode
-from training.loggers import flat_settings
+from training.loggers import flat_settings, wandb_run_id
 from training.run import train
 from training.run_folder import RunFolder
 
@@ -200,6 +201,24 @@ def test_wandb_keeps_the_console_output_in_the_run_folder(tracked_run):
     _, run = tracked_run
     (output,) = (run / "wandb").glob("offline-run-*/files/output.log")
     assert "max_steps=8" in output.read_text()  # Lightning's last line: "`Trainer.fit` stopped: `max_steps=8` reached."
+
+
+def test_a_resumed_run_whose_wandb_id_file_was_lost_or_damaged_logs_to_the_same_wandb_run(tracked_run, tmp_path):
+    """.wandb_id emptied (a stop as it was written), edited or deleted: the id comes from the wandb run
+    the folder holds, and is kept again, where wandb refused the run (empty, or a / in it) or began another."""
+    _, run = tracked_run
+    (offline,) = (run / "wandb").glob("offline-run-*")
+    logged_id = offline.name.rsplit("-", 1)[1]
+    copy = tmp_path / "run"
+    shutil.copytree(run / "wandb", copy / "wandb", symlinks=True)
+    folder = RunFolder(copy)
+    for damage in ("", "a b/c", None):
+        if damage is None:
+            folder.wandb_id_file.unlink()
+        else:
+            folder.wandb_id_file.write_text(damage)
+        assert wandb_run_id(folder) == logged_id and folder.wandb_id_file.read_text() == logged_id
+    assert wandb_run_id(RunFolder(tmp_path)) != logged_id  # a run with no wandb run yet gets a new id
 
 
 def test_wandb_log_model_is_off_by_default_and_checked():

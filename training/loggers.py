@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import os
+import re
 import secrets
 from pathlib import Path
 from typing import Any
@@ -15,17 +17,33 @@ from lightning.pytorch.loggers.logger import rank_zero_experiment
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from .checks import wandb_mode
-from .run_folder import RunFolder
+from .run_folder import RunFolder, write_atomically
+
+log = logging.getLogger(__name__)
+
+
+# wandb's folder of a run's part, in <run>/wandb: offline-run-20261121_094602-<id>, or run-... online
+WANDB_PART = re.compile(r"(?:offline-)?run-(\d{8}_\d{6})-([\w-]+)", re.ASCII)
+WANDB_ID = re.compile(r"[\w-]+", re.ASCII)  # wandb refuses an empty id and one holding any of :;,#?/'
 
 
 def wandb_run_id(folder: RunFolder) -> str:
-    """The run's wandb id, made once and kept in the run folder, so a resumed run logs to the same
-    wandb run."""
+    """The run's wandb id, made once and kept in the run folder, so a resumed run logs to the same wandb
+    run. Should .wandb_id be lost or hold no id (a stop as it was written, an edit), the id is that of the
+    wandb runs the folder holds: a run resumed then is still one wandb run, not a new one."""
     id_file = folder.wandb_id_file
-    if id_file.is_file():
-        return id_file.read_text().strip()
-    run_id = secrets.token_hex(4)  # wandb ids: short, lowercase, unique within a project
-    id_file.write_text(run_id)
+    kept = id_file.read_bytes().decode("ascii", "replace").strip() if id_file.is_file() else ""
+    if WANDB_ID.fullmatch(kept):
+        return kept
+    parts = [WANDB_PART.fullmatch(path.name) for path in (folder.path / "wandb").glob("*run-*")]
+    parts = [part for part in parts if part]
+    if parts:  # the newest part's id (by the time in the folder's name)
+        run_id = max(parts, key=lambda part: part.group(1)).group(2)
+        what = f"holds {kept!r}" if kept else "is empty" if id_file.is_file() else "is missing"
+        log.warning("%s %s, not the run's wandb id: it goes on logging to wandb run %s", id_file, what, run_id)
+    else:
+        run_id = secrets.token_hex(4)  # wandb ids: short, lowercase, unique within a project
+    write_atomically(id_file, run_id)
     return run_id
 
 
