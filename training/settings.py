@@ -67,6 +67,7 @@ CHANGEABLE_ON_RESUME = (
     "trainer.enable_progress_bar",
     "trainer.enable_model_summary",
     "trainer.profiler",
+    "logger.wandb.mode",  # online or offline: where the same wandb run goes on logging
     "trainer.accelerator",
     "trainer.devices",
     "trainer.num_nodes",
