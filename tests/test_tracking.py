@@ -16,7 +16,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from model import GPT
 from training.checks import SettingError, check_values, wandb_credentials_present, wandb_mode
-from training.loggers import flat_settings, wandb_run_id
+from training.loggers import RunCSVLogger, flat_settings, wandb_run_id
 from training.run import train
 from training.run_folder import RunFolder
 
@@ -125,6 +125,29 @@ def test_csv_holds_every_metric(tracked_run):
     rows = list(csv.DictReader(open(run / "metrics.csv")))
     logged = {key for row in rows for key, value in row.items() if value}
     assert METRICS <= logged
+
+
+def test_a_resumed_metrics_csv_drops_a_row_cut_short_and_is_rewritten_by_a_rename(tmp_path):
+    """metrics.csv as a kill while it was appended to leaves it, its last row cut short (",1" of ",12,...";
+    kept as a second step 1, or a traceback where the cut left no number). A new column rewrites the file
+    beside itself and renames it into place: a stop then leaves the records whole, where they were truncated."""
+    path = tmp_path / "metrics.csv"
+    path.write_text("epoch,step,train/loss\r\n,0,6.9\r\n,1,6.8\r\n,2,6.7\r\n,1", newline="")
+    logger = RunCSVLogger(str(tmp_path), resume_step=2)  # resumed from step 2's checkpoint: its row goes too
+    logger.log_metrics({"train/loss": 6.75}, step=2)
+    logger.save()
+    assert path.read_bytes() == b"epoch,step,train/loss\r\n,0,6.9\r\n,1,6.8\r\n,2,6.75\r\n"
+    appended_to = path.stat().st_ino
+    logger.log_metrics({"val/loss": 6.6}, step=2)
+    logger.save()
+    assert path.stat().st_ino != appended_to and [p.name for p in tmp_path.iterdir()] == ["metrics.csv"]
+    rows = list(csv.DictReader(path.open(newline="")))
+    assert [(row["step"], row["train/loss"], row["val/loss"]) for row in rows] == [
+        ("0", "6.9", ""),
+        ("1", "6.8", ""),
+        ("2", "6.75", ""),
+        ("2", "", "6.6"),
+    ]
 
 
 def test_wandb_logs_offline_with_the_config_and_sample_tables(tracked_run):

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import csv
+import io
 import json
 import logging
+import math
 import os
 import re
 import secrets
@@ -72,9 +74,11 @@ def make_wandb(cfg: dict[str, Any], folder: RunFolder) -> Logger:
     return logger
 
 
-class ContinuingExperimentWriter(ExperimentWriter):
-    """Lightning's CSV writer, except that an existing metrics.csv is continued, not deleted: rows
-    logged at or after `resume_step` (after the checkpoint being resumed) are dropped, the rest kept."""
+class RunMetricsWriter(ExperimentWriter):
+    """Lightning's CSV writer for a run's metrics.csv, whose records a stop at any moment leaves whole:
+    the file is rewritten (for a resume, or a new column) beside itself and renamed into place, where
+    Lightning truncated it first. A resumed run continues the file: rows logged at or after `resume_step`
+    (after the checkpoint being resumed) are dropped, the rest kept, as is the header."""
 
     def __init__(self, log_dir: str, resume_step: int):
         self.resume_step = resume_step
@@ -84,19 +88,46 @@ class ContinuingExperimentWriter(ExperimentWriter):
         path = Path(self.metrics_file_path)
         if not path.is_file():
             return
-        with open(path, newline="") as file:
-            reader = csv.DictReader(file)
-            header = list(reader.fieldnames or [])
-            rows = [row for row in reader if int(float(row.get("step") or 0)) < self.resume_step]
-        with open(path, "w", newline="") as file:
-            writer = csv.DictWriter(file, fieldnames=header)
-            writer.writeheader()
-            writer.writerows(rows)
-        self.metrics_keys = header
+        text = path.read_text(encoding="utf-8", errors="replace")
+        text = text[: text.rfind("\n") + 1]  # without a last row cut short (killed as it was written)
+        reader = csv.DictReader(io.StringIO(text, newline=""))
+        self.metrics_keys = list(reader.fieldnames or [])
+        if not self.metrics_keys:  # not even a whole header: the file starts again
+            path.unlink()
+            return
+        self.write_all(self.metrics_keys, [row for row in reader if logged_step(row) < self.resume_step])
+
+    def _rewrite_with_new_header(self, fieldnames: list[str]) -> None:
+        with open(self.metrics_file_path, newline="", encoding="utf-8") as file:
+            rows = list(csv.DictReader(file))
+        self.write_all(fieldnames, rows)
+
+    def write_all(self, fieldnames: list[str], rows: list[dict[str, str]]) -> None:
+        path = Path(self.metrics_file_path)
+        partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+        try:
+            with open(partial, "w", newline="", encoding="utf-8") as file:
+                writer = csv.DictWriter(file, fieldnames=fieldnames, extrasaction="ignore")
+                writer.writeheader()
+                writer.writerows(rows)
+            os.replace(partial, path)
+        finally:
+            partial.unlink(missing_ok=True)
 
 
-class ContinuingCSVLogger(CSVLogger):
-    def __init__(self, save_dir: str, resume_step: int):
+def logged_step(row: dict[str, str]) -> float:
+    """The step a metrics.csv row was logged at; nan for a row that names none (no record of a step)."""
+    try:
+        return float(row.get("step") or "nan")
+    except ValueError:
+        return math.nan
+
+
+class RunCSVLogger(CSVLogger):
+    """Lightning's CSV logger writing the run folder's metrics.csv, through RunMetricsWriter; a new run
+    (resume_step 0) starts the file afresh."""
+
+    def __init__(self, save_dir: str, resume_step: int = 0):
         super().__init__(save_dir=save_dir, name="", version="")
         self.resume_step = resume_step
 
@@ -105,7 +136,7 @@ class ContinuingCSVLogger(CSVLogger):
     def experiment(self) -> ExperimentWriter:
         if self._experiment is None:
             self._fs.makedirs(self.root_dir, exist_ok=True)
-            self._experiment = ContinuingExperimentWriter(self.log_dir, self.resume_step)
+            self._experiment = RunMetricsWriter(self.log_dir, self.resume_step)
         return self._experiment
 
 
@@ -155,10 +186,7 @@ def build_loggers(logger_cfg: dict[str, Any] | None, folder: RunFolder, resume_s
     for name, cfg in (logger_cfg or {}).items():
         cfg = cfg or {}
         if name == "csv":  # writes folder.metrics_file
-            if resume_step is None:
-                loggers.append(CSVLogger(save_dir=str(folder.path), name="", version=""))
-            else:
-                loggers.append(ContinuingCSVLogger(str(folder.path), resume_step))
+            loggers.append(RunCSVLogger(str(folder.path), resume_step or 0))
         elif name == "wandb":
             loggers.append(make_wandb(cfg, folder))
         elif name == "tensorboard":
