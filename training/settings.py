@@ -558,7 +558,7 @@ def continue_values(
         if key.split(".")[0] in LAUNCH_KEYS:
             continue
         want, have = lookup(requested, key), lookup(saved, key)
-        if changeable(key):
+        if changeable(key) and not of_a_tracker_not_chosen(key, values):
             put(values, key, want)
         elif differs(key, want, have):
             raise SettingError(contradiction(key, want, have, saved, requested, run))
@@ -637,6 +637,12 @@ def expand(named: Iterable[str], *configs: dict[str, Any]) -> list[str]:
         leaves = {leaf for config in configs for leaf in differing_leaves(lookup(config, key), ABSENT, key)}
         keys += sorted(leaves) or [key]
     return list(dict.fromkeys(keys))
+
+
+def of_a_tracker_not_chosen(key: str, values: dict[str, Any]) -> bool:
+    """A setting of a logger the run does not log with (logger.wandb.mode of a run logging to csv alone):
+    the command line's logger=csv names it, as it names every logger setting of the default."""
+    return key.startswith("logger.") and key.split(".")[1] not in (values.get("logger") or {})
 
 
 def changeable(key: str) -> bool:
