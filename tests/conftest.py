@@ -17,6 +17,12 @@ atexit.register(shutil.rmtree, _LIBRARY_CACHES, ignore_errors=True)
 os.environ["HF_HOME"] = str(_LIBRARY_CACHES / "huggingface")
 os.environ["HF_DATASETS_CACHE"] = str(_LIBRARY_CACHES / "huggingface" / "datasets")
 os.environ["MPLCONFIGDIR"] = str(_LIBRARY_CACHES / "matplotlib")
+# One torch thread per process, here and in every script a test runs. The suite runs two tests at a
+# time on two cores (pytest -n 2), each often with a train.py of its own; with torch's default of a
+# thread per core, the cores are oversubscribed, and the threads of a tiny model's many small kernels
+# then wait on each other: a run that takes 10 s alone took 80 s beside another test. One thread is
+# also what such small models train fastest on.
+os.environ["OMP_NUM_THREADS"] = "1"
 
 from .common import (  # noqa: E402  (after the environment above)
     NEEDS_SHAKESPEARE,
