@@ -31,7 +31,7 @@ import shutil
 import sys
 from datetime import datetime
 from pathlib import Path
-from typing import Any, NamedTuple, NoReturn
+from typing import NamedTuple, NoReturn
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -40,7 +40,9 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from data.sources import check_files
 from generation.checkpoint import CheckpointError, read_header
-from training.checks import ABSENT, SettingError, check_writable, lookup, trainer_parameters
+from training.checks import ABSENT, SettingError, check_writable, lookup
+from training.command_line import SEARCH_GROUPS, CommandLineError, Composer, as_trainer_argument, parse_overrides
+from training.config_groups import named_settings
 from training.ctrl_c import WATCH, unblock_ctrl_c
 from training.errors import USER_ERRORS, ProcessLost, RunWriteError, TrainingDiverged
 from training.run_folder import (
@@ -64,284 +66,10 @@ from training.run_folder import (
     sweep_continue_command,
     take_back_claims,
 )
-from training.settings import check, continue_settings, differing_leaves, expand, matches, named_leaves
+from training.settings import check, continue_settings, matches
 from training.sweep import OBJECTIVE, end_stopped_trials, is_search, result_record, summarize
 
 log = logging.getLogger("train")
-
-CONFIG_DIR = Path(__file__).resolve().parent / "configs"
-SEARCH_GROUPS = ("hparams_search",)  # config groups that make a command a search (-m needed)
-
-
-class CommandLineError(ValueError):
-    """A command line that cannot be read; the message says what to write instead."""
-
-
-# ---- composing the command line, as Hydra will ------------------------------------------------------
-
-
-def as_trainer_argument(arg: str) -> str:
-    """`trainer.deterministic=true` for any Lightning Trainer argument configs/trainer/default.yaml does
-    not list: given to Hydra as ++trainer.deterministic=true (add, or set where an experiment added it),
-    so that trainer.* takes them all while a misspelled key stays unknown."""
-    key = arg.split("=", 1)[0]
-    name = key.split(".", 1)[1] if key.startswith("trainer.") and key.count(".") == 1 else None
-    if name and "=" in arg and name not in TRAINER_DEFAULTS and name in trainer_parameters():
-        return "++" + arg
-    return arg
-
-
-def trainer_defaults() -> set[str]:
-    """The trainer settings configs/trainer/default.yaml lists."""
-    return set(OmegaConf.load(CONFIG_DIR / "trainer" / "default.yaml"))
-
-
-TRAINER_DEFAULTS = trainer_defaults()
-
-
-KIND_SETTINGS = ("data.source", "tokenizer.kind")  # what each choice of their group is
-
-
-class Composer:
-    """Hydra's composition of configs/ for a list of overrides, as plain dicts; bad overrides become
-    CommandLineError with one line."""
-
-    def __enter__(self) -> Composer:
-        from hydra import initialize_config_dir
-
-        self.context = initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3")
-        self.context.__enter__()
-        self.defaults = self.compose([])
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.context.__exit__(*exc)
-
-    def choices(self, overrides: list[str]) -> dict:
-        """The choice of each config group that overrides make (an experiment's too); {} if they cannot compose."""
-        from hydra import compose
-
-        try:
-            return OmegaConf.to_container(compose("train", overrides, return_hydra_config=True).hydra.runtime.choices)
-        except Exception:
-            return {}
-
-    def value_of(self, key: str, overrides: list[str]) -> Any:
-        """key's value in the config overrides compose (unresolved); ABSENT where it has no such key."""
-        from hydra import compose
-
-        try:
-            return lookup(OmegaConf.to_container(compose("train", overrides), resolve=False), key)
-        except Exception:
-            return ABSENT
-
-    def check_added(self, overrides: list[str]) -> None:
-        """+data.split=train adds a setting the chosen data has not (data=hub has it), which nothing would
-        read: refused as the same setting without + is."""
-        for override in overrides:
-            key = override.lstrip("+").split("=")[0]
-            if override.startswith("+") and is_group(key.split(".")[0]) and (others := choices_with(key)):
-                chosen = self.choices(overrides)
-                if chosen.get(key.split(".")[0]) not in others:
-                    raise CommandLineError(unknown_setting(key, self.defaults, overrides, chosen))
-
-    def compose(self, overrides: list[str], with_hydra: bool = False) -> dict:
-        """The composed config; `with_hydra`: Hydra's own settings too (under "hydra", unresolved)."""
-        from hydra import compose
-        from hydra.errors import HydraException, MissingConfigException, OverrideParseException
-
-        try:
-            cfg = compose("train", overrides=overrides, return_hydra_config=with_hydra)
-            hydra_cfg = OmegaConf.to_container(cfg.hydra, resolve=False) if with_hydra else None
-            if with_hydra:
-                with open_dict(cfg):
-                    del cfg["hydra"]
-            values = OmegaConf.to_container(cfg, resolve=True)
-        except MissingConfigException as err:
-            lines = str(err).splitlines()
-            options = [line.strip() for line in lines if line.startswith("\t") and "provider=" not in line]
-            missing = re.search(r"Could not find '([^']+)/([^']+)'", lines[0])
-            if missing and missing.group(1) == "hydra/sweeper":
-                raise CommandLineError(
-                    f"the {missing.group(2)} sweeper is not installed: pip install -e '.[optuna]'"
-                ) from None
-            missing = missing or re.search(r"Could not (?:find|load) '([^']+)/([^']*)'", lines[0])
-            if missing:
-                group, choice = missing.groups()
-                options = options or sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml"))
-                said = f"{group}={choice} is not a choice" if choice else f"{group}= needs a choice"
-                raise CommandLineError(f"{said}; choose one of: {', '.join(options)}") from None
-            raise CommandLineError(lines[0]) from None
-        except OverrideParseException as err:
-            if (unread := unreadable_override(overrides)) is not None:
-                raise unread from None
-            raise CommandLineError(
-                f"cannot read the command line ({str(err).splitlines()[0]}); write overrides as key=value"
-            ) from None
-        except HydraException as err:
-            several = re.match(r"Ambiguous value for argument '(([^=']+)=[^']*)'", str(err))
-            if several:
-                key, value = several.group(2), several.group(1).split("=", 1)[1]
-                raise CommandLineError(
-                    f"{several.group(1)} gives several values: to train one run for each, add -m "
-                    f"(python train.py -m {several.group(1)} ...); for a list, write {key}=[...]; if the comma is "
-                    f"part of one value (a file name), quote it: {quoted_override(key, value)}"
-                ) from None
-            removed = re.match(r"Could not delete '([^']+)'", str(err))
-            if removed and (CONFIG_DIR / removed.group(1)).is_dir():
-                raise CommandLineError(no_group_choice(removed.group(1), f"~{removed.group(1)}")) from None
-            absent = re.match(r"Could not delete from config\. '([^']+)' does not exist", str(err))  # ~key
-            cause = err.__cause__
-            unknown = (cause is not None and "not in struct" in str(cause)) or str(err).startswith("Could not override")
-            if absent or unknown:
-                key = absent.group(1) if absent else str(err).split("'")[1]
-                others = [o for o in overrides if o.lstrip("+~").split("=")[0] != key]
-                if absent and self.value_of(key, others) is None:  # Hydra cannot delete a null value
-                    raise CommandLineError(f"~{key}: {key} is already unset (null): leave ~{key} out") from None
-                chosen = self.choices(others)
-                said = unknown_setting(key, self.defaults, overrides, chosen)
-                raise CommandLineError(f"~{key}: {said}" if absent else said) from None
-            raise CommandLineError(with_reason(err)) from None
-        except Exception as err:  # an interpolation or resolver that fails on the given values
-            if "Config group override must be" in str(err):  # model=null, logger=false: not a name
-                given = next((o for o in overrides if is_group(o.lstrip("+").split("=")[0]) and not_a_name(o)), None)
-                if given is not None:
-                    raise CommandLineError(no_group_choice(given.lstrip("+").split("=")[0], given)) from None
-            raise CommandLineError(f"cannot compose the config: {str(err).splitlines()[0]}") from None
-        self.check_added(overrides)
-        self.check_kinds(overrides)
-        check_logger_list(overrides)
-        return {**values, "hydra": hydra_cfg} if with_hydra else values
-
-    def check_kinds(self, overrides: list[str]) -> None:
-        """data.source=pydoc, tokenizer.kind=char: what a group's choice is, changed under the settings of
-        another choice (a data.path pydoc would not read, a vocab_size no character tokenizer has):
-        refused for the group's choice, which brings its own settings."""
-        for override in overrides:
-            key, _, value = override.lstrip("+").partition("=")
-            if key not in KIND_SETTINGS:
-                continue
-            group, field = key.split(".")
-            chosen = self.choices(overrides).get(group)
-            recipe = CONFIG_DIR / group / f"{chosen}.yaml"
-            made = OmegaConf.load(recipe).get(field) if recipe.is_file() else None
-            if value != str(made):
-                instead = f"{group}={value}" if (CONFIG_DIR / group / f"{value}.yaml").is_file() else f"{group}=NAME"
-                raise CommandLineError(
-                    f"{override} would change the kind of {group}={chosen} and keep its settings; choose the "
-                    f"{group} itself instead: {instead}"
-                )
-
-
-def with_reason(err: Exception) -> str:
-    """Hydra's error in one line: its first, and the reason it gives below it or in its cause (OmegaConf's
-    "Value 'x' of type 'str' could not be converted to Integer", for a value of the wrong kind in a config
-    file or on the command line), with the setting it names."""
-    lines = str(err).splitlines()
-    below = lines[1:] or (str(err.__cause__).splitlines() if err.__cause__ else [])
-    if not below:
-        return lines[0]
-    key = next((line.split(":", 1)[1].strip() for line in below if line.strip().startswith("full_key:")), None)
-    return f"{lines[0].rstrip(':')}: {below[0].strip()}" + (f" ({key})" if key else "")
-
-
-def check_logger_list(overrides: list[str]) -> None:
-    """logger=[...] lists trackers: at least one (a run with none is logger=none, as ~logger and logger=null
-    are told), each once, and none alone. Hydra would give [] no logger setting at all, merge [csv,csv]
-    into csv, and [csv,none] into csv."""
-    for override in parse_overrides([o for o in overrides if o.lstrip("+").startswith("logger=")]):
-        names = override.value()
-        if not isinstance(names, list):
-            continue
-        given, once = override.input_line, list(dict.fromkeys(str(name) for name in names))
-        if not names:
-            raise CommandLineError(f"{given} lists no logger; for a run with no loggers use logger=none")
-        if len(once) < len(names):
-            twice = next(name for name in once if [str(n) for n in names].count(name) > 1)
-            raise CommandLineError(f"{given} names {twice} twice; list each logger once: logger=[{','.join(once)}]")
-        if "none" in once and len(once) > 1:
-            others = ",".join(name for name in once if name != "none")
-            raise CommandLineError(
-                f"{given}: none is no tracker and cannot be listed with others; leave it out (logger=[{others}]), "
-                "or use logger=none alone for a run with no loggers"
-            )
-
-
-def is_group(name: str) -> bool:
-    return bool(re.fullmatch(r"\w+", name)) and (CONFIG_DIR / name).is_dir()
-
-
-def not_a_name(override: str) -> bool:
-    """An override whose value Hydra reads as null, a truth value or a number: no choice of a group."""
-    value = override.split("=", 1)[1].strip() if "=" in override else ""
-    return bool(re.fullmatch(r"(?i)null|none|~|true|false|[-+]?[\d.]+(e[-+]?\d+)?", value))
-
-
-def no_group_choice(group: str, given: str) -> str:
-    """What to say to a group given no choice (model=null, ~logger): how to ask for what was meant."""
-    options = ", ".join(sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml")))
-    if group == "logger":
-        said = "cannot remove the loggers" if given.startswith("~") else "is not a choice of logger"
-        return f"{given} {said}; for a run with no loggers use logger=none (or one of: {options})"
-    if default_choice(group) is None:  # an optional group: leaving it out is its default
-        return f"{given} is not a choice of {group}; leave {group} out for none, or choose one of: {options}"
-    return f"{given} is not a choice of {group}, which a run needs; choose one of: {options}"
-
-
-def choices_with(key: str) -> list[str]:
-    """The choices of key's group (configs/<group>/*.yaml) that have the setting key."""
-    group, _, rest = key.partition(".")
-    found = []
-    for recipe in sorted((CONFIG_DIR / group).glob("*.yaml")) if rest else []:
-        values = OmegaConf.to_container(OmegaConf.load(recipe))
-        if (
-            isinstance(values, dict)
-            and "# @package" not in recipe.read_text()[:200]
-            and lookup(values, rest) is not ABSENT
-        ):
-            found.append(recipe.stem)
-    return found
-
-
-def default_choice(group: str) -> str | None:
-    """The choice configs/train.yaml makes for group, when it makes one."""
-    for entry in OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / "train.yaml")).get("defaults", []):
-        if isinstance(entry, dict) and isinstance(entry.get(group), str):
-            return entry[group]
-    return None
-
-
-def unknown_setting(key: str, defaults: dict, overrides: list[str], chosen: dict | None = None) -> str:
-    """Why key is not a setting, and what to type instead. `chosen`: the choice of each group."""
-    import difflib
-
-    group = key.split(".")[0]
-    name = key.split(".")[1] if key.count(".") == 1 else None
-    if group == "logger" and name and (CONFIG_DIR / "logger" / f"{name}.yaml").is_file():  # not among those chosen
-        return (
-            f"unknown setting '{key}': the loggers chosen do not include {name}; choose loggers with "
-            f"logger=NAME or a list, e.g. logger=[csv,{name}]"
-        )
-    if group == "logger" and name:
-        loggers = ", ".join(sorted(p.stem for p in (CONFIG_DIR / "logger").glob("*.yaml")))
-        return f"unknown setting '{key}': {name} is no logger; choose loggers with logger=NAME or a list of: {loggers}"
-    choice = next((o.split("=", 1)[1] for o in overrides if "=" in o and o.lstrip("+").split("=")[0] == group), None)
-    choice = choice or (chosen or {}).get(group)
-    close = difflib.get_close_matches(key, differing_leaves(defaults, {}), n=1, cutoff=0.75)
-    if not close and group == "trainer":  # Lightning's other arguments (loading Lightning takes seconds)
-        close = difflib.get_close_matches(key, [f"trainer.{name}" for name in trainer_parameters()], n=1, cutoff=0.75)
-    if close and close[0] == key and choice:  # a setting of the default choice, not of the one given
-        return f"unknown setting '{key}': {group}={choice} has no such setting (python train.py {group}={choice} --cfg job lists its settings)"
-    made = choice or default_choice(group)
-    others = [other for other in choices_with(key) if other != made]
-    if others and isinstance(made, str):  # a setting of another choice of the group (optim.momentum is Muon's)
-        names = " or ".join(f"{group}={other}" for other in others)
-        return (
-            f"unknown setting '{key}': {group}={made} has no such setting, {names} has; "
-            f"choose {names} to use it, or leave it out"
-        )
-    hint = f" (did you mean {close[0]}?)" if close and close[0] != key else ""
-    return f"unknown setting '{key}'{hint}; check the spelling (python train.py --cfg job lists every setting)"
 
 
 # ---- bad places for a run, in one line -----------------------------------------------------------------
@@ -885,65 +613,6 @@ def search_lacks(key: str, composed: dict, user: list[str]) -> str:
     )
 
 
-def tilde_error(overrides: list[str]) -> CommandLineError | None:
-    """Hydra's grammar reads a leading ~ of a value as an operator, where the shell left it (key=~/x)."""
-    home = next((o for o in overrides if re.fullmatch(r"[\w.+]+=~/.*", o)), None)
-    if home is None:
-        return None
-    key, value = home.split("=", 1)
-    return CommandLineError(f"{home}: a value cannot start with ~ on this command line; write {key}=$HOME/{value[2:]}")
-
-
-def quoted_override(key: str, value: str) -> str:
-    """key=value as the shell and Hydra's grammar both pass it on whole: a quoted value, the whole in
-    the shell's quotes."""
-    return shlex.quote(f'{key}="{value}"') if "'" in value else f"\"{key}='{value}'\""
-
-
-def unreadable_override(overrides: list[str], sweep: bool = False) -> CommandLineError | None:
-    """The first override Hydra's grammar cannot read, named, with how to write it: a value with
-    characters the grammar gives a meaning to (= , [ ] { } ( ) spaces, quotes, letters beyond ASCII) is
-    read whole when quoted. None when each reads alone."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    if (home := tilde_error(overrides)) is not None:
-        return home
-    parser = OverridesParser.create()
-    for override in overrides:
-        try:
-            parser.parse_overrides([override])
-        except Exception as err:  # the grammar's own exception
-            key, equals, value = override.partition("=")
-            if not equals or not re.fullmatch(r"[+~]{0,2}[\w.\-/@]+", key):
-                return CommandLineError(
-                    f"cannot read {override} ({str(err).splitlines()[0]}); write overrides as key=value"
-                )
-            if sweep:  # a list of values to sweep, written wrong, as likely as a value to quote
-                return CommandLineError(
-                    f"cannot read {override} ({str(err).splitlines()[0]}); write swept values as key=a,b,c, and quote "
-                    f"a value that holds = , spaces or quotes: {quoted_override(key, value)}"
-                )
-            return CommandLineError(
-                f"cannot read {override}: its value has characters the command line gives a meaning to (such as = , "
-                f"spaces, brackets, quotes or letters beyond ASCII); quote the value: {quoted_override(key, value)}"
-            )
-    return None
-
-
-def parse_overrides(overrides: list[str]):
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    try:
-        return OverridesParser.create().parse_overrides(overrides)
-    except Exception as err:  # Hydra's OverrideParseException, or a value its grammar reads but cannot type
-        if (unread := unreadable_override(overrides, sweep=True)) is not None:
-            raise unread from None
-        raise CommandLineError(
-            f"cannot read the command line ({str(err).splitlines()[0]}); write overrides as key=value, "
-            "and swept values as key=a,b,c"
-        ) from None
-
-
 def interval_sweeps(overrides: list[str]) -> list[tuple[str, str, list[float]]]:
     """(override, key, values to check) for each interval(...) of a search: its two ends and a value
     between them that is not a whole number (the search draws such values)."""
@@ -1077,20 +746,6 @@ def check_command_line(args: list[str]) -> str | None:
 
 
 # ---- the run --------------------------------------------------------------------------------------------
-
-
-def named_settings(overrides: list[str], requested: dict, defaults: dict) -> list[str]:
-    """The settings a command line gives, as dotted keys (training.settings.named_leaves), and every
-    setting a recipe it chooses sets (experiment=..., debug=...), even one it sets to its default."""
-    named = set(named_leaves(overrides, requested, defaults))
-    for override in overrides:
-        group, _, choice = override.lstrip("+").partition("=")
-        recipe = CONFIG_DIR / group / f"{choice}.yaml"
-        if group in ("experiment", "debug") and recipe.is_file():
-            settings = OmegaConf.to_container(OmegaConf.load(recipe))
-            chosen = [next(iter(d)).split("/")[-1] for d in settings.pop("defaults", []) if isinstance(d, dict)]
-            named |= set(expand([*chosen, *differing_leaves(settings, {})], requested, defaults))
-    return sorted(named)
 
 
 def quoted(text: str) -> str:
