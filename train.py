@@ -67,7 +67,15 @@ from training.run_folder import (
     take_back_claims,
 )
 from training.settings import check, continue_settings, matches
-from training.sweep import OBJECTIVE, end_stopped_trials, is_search, result_record, summarize
+from training.sweep import (
+    OBJECTIVE,
+    end_stopped_trials,
+    how_to_add_trials,
+    how_to_continue_sweep,
+    is_search,
+    result_record,
+    summarize,
+)
 
 log = logging.getLogger("train")
 
@@ -897,23 +905,6 @@ def quiet_console_of_other_processes() -> None:
         for handler in logger.handlers:
             if not isinstance(handler, logging.FileHandler):
                 handler.setLevel(max(handler.level, logging.ERROR))
-
-
-def how_to_continue_sweep(sweep: Path) -> str:
-    if is_search(sweep):
-        return f"the search's trials so far are in {sweep / 'summary.csv'}; {how_to_add_trials(sweep)}"
-    return f"continue the sweep, this job and the rest, with: {sweep_continue_command(sweep)}"
-
-
-def how_to_add_trials(search: Path) -> str:
-    """How a later search continues the study of the search at `search`: only one kept in a storage can be."""
-    storage = OmegaConf.select(OmegaConf.load(search / SWEEP_RECORD), "hydra.sweeper.storage")
-    if storage:
-        return f"run it again with the same hydra.sweeper.storage ({storage}) to add trials to its study"
-    return (
-        "its study was kept in memory (hydra.sweeper.storage=null) and ended with it; run it again with "
-        "hydra.sweeper.storage=sqlite:///search.db to keep a study that a later search continues"
-    )
 
 
 def continue_command(run: Path) -> str:

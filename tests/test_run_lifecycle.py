@@ -22,6 +22,7 @@ from training.checks import SettingError
 from training.run import train as train_run
 from training.run_folder import RunFolder, RunFolderError, claim_new_folder
 from training.settings import check_continuation, contradiction
+from training.sweep import how_to_continue_sweep
 
 from .common import (
     ROOT,
@@ -765,7 +766,7 @@ def test_an_optuna_search_records_every_trial_and_the_best(small_text, tmp_path)
     assert train.check_command_line(["-m", f"resume={sweep}"]).startswith(
         f"resume={sweep} is a search, which is not continued in its folder: run it again with the same"
     )
-    assert train.how_to_continue_sweep(sweep).startswith("the search's trials so far are in")  # said at a stop
+    assert how_to_continue_sweep(sweep).startswith("the search's trials so far are in")  # said at a stop
     optuna = yaml.safe_load((sweep / "optimization_results.yaml").read_text())
     assert optuna["best_value"] == pytest.approx(min(bpcs))  # what main() returned is what Optuna minimised
     trial_lrs = {r["config"]["optim"]["lr"] for r in summary["runs"]}
@@ -820,7 +821,7 @@ def test_a_search_with_its_study_in_memory_is_not_told_to_reuse_a_storage_it_has
         f"error: resume={sweep} is a search, which is not continued in its folder: its study was kept in memory "
         "(hydra.sweeper.storage=null) and ended with it; run it again with hydra.sweeper.storage=sqlite:///search.db"
     )
-    assert "its study was kept in memory" in train.how_to_continue_sweep(sweep)  # said at a Ctrl-C
+    assert "its study was kept in memory" in how_to_continue_sweep(sweep)  # said at a Ctrl-C
 
 
 def test_a_requeued_slurm_search_ends_if_it_had_ended_and_is_refused_in_one_line_if_not(small_text, tmp_path):

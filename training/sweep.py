@@ -20,7 +20,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from .run_folder import SWEEP_RECORD, RunFolder, process_rank, write_atomically
+from .run_folder import SWEEP_RECORD, RunFolder, process_rank, sweep_continue_command, write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +152,23 @@ def is_search(sweep_dir: Path) -> bool:
     except Exception:
         return False
     return "optuna" in str(target).lower()
+
+
+def how_to_continue_sweep(sweep: Path) -> str:
+    if is_search(sweep):
+        return f"the search's trials so far are in {sweep / 'summary.csv'}; {how_to_add_trials(sweep)}"
+    return f"continue the sweep, this job and the rest, with: {sweep_continue_command(sweep)}"
+
+
+def how_to_add_trials(search: Path) -> str:
+    """How a later search continues the study of the search at `search`: only one kept in a storage can be."""
+    storage = OmegaConf.select(OmegaConf.load(search / SWEEP_RECORD), "hydra.sweeper.storage")
+    if storage:
+        return f"run it again with the same hydra.sweeper.storage ({storage}) to add trials to its study"
+    return (
+        "its study was kept in memory (hydra.sweeper.storage=null) and ended with it; run it again with "
+        "hydra.sweeper.storage=sqlite:///search.db to keep a study that a later search continues"
+    )
 
 
 _LAUNCHED_TRIALS: list[Any] = []  # the Optuna trials this process's search has launched
