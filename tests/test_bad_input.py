@@ -11,9 +11,9 @@ import pytest
 import torch
 
 import generate
-import train
 from data.tokenizer import train_char
 from generation.checkpoint import CheckpointError, read_weights
+from training.launch import check_command_line
 
 from .common import ROOT, TINY_OVERRIDES, damaged_copy, one_error_line, run_script
 from .tiny import train_tiny_gpt, write_checkpoint
@@ -21,7 +21,7 @@ from .tiny import train_tiny_gpt, write_checkpoint
 
 def refused_command_line(*args: str) -> str:
     """train.py's one-line answer to a command line, checked the way train.py checks it."""
-    problem = train.check_command_line(list(args))
+    problem = check_command_line(list(args))
     assert problem is not None, f"{args} was accepted"
     assert "\n" not in problem
     return problem
@@ -453,7 +453,7 @@ def test_good_settings_of_the_same_kinds_are_accepted():
         ["--cfg", "job", "-cn", "train"],  # the config flags' words too
         ["data=pydoc", "data.source=pydoc", "tokenizer=char", "tokenizer.kind=char"],  # the kind each choice is
     ):
-        assert train.check_command_line(args) is None, args
+        assert check_command_line(args) is None, args
 
 
 def test_block_size_above_what_the_checkpoint_has(tiny_run, small_text, tmp_path):
@@ -507,7 +507,7 @@ def test_the_latest_link_never_takes_the_place_of_a_users_file_or_folder(tmp_pat
     assert "is a file, not a folder" in refused_command_line(f"latest_link={notes}/latest")
     assert notes.read_text() == "important" and list(folder.iterdir()) == []
     (tmp_path / "link").symlink_to(folder)  # a link, as an earlier run made it, is replaced
-    assert train.check_command_line([f"latest_link={tmp_path / 'link'}"]) is None
+    assert check_command_line([f"latest_link={tmp_path / 'link'}"]) is None
 
 
 def test_resume_of_a_latest_link_whose_run_was_deleted_says_so(tmp_path):

@@ -109,7 +109,7 @@ def test_a_fine_tune_whose_context_differs_from_the_preset_resolves_its_batch_wi
     continued: 8 sequences of the checkpoint's 64 tokens, where the nano preset has 32."""
     import yaml
 
-    import train as train_py
+    from training.launch import check_command_line
 
     wide = write_checkpoint(
         tmp_path / "wide.ckpt", train_tiny_gpt(tiny_tokenizer, tiny_text, steps=1, block_size=64), tiny_tokenizer
@@ -118,7 +118,7 @@ def test_a_fine_tune_whose_context_differs_from_the_preset_resolves_its_batch_wi
     train(compose_config(*overrides), tmp_path / "run", named=overrides)
     saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
     assert saved["model"]["block_size"] == 64 and saved["tokens_per_step"] == 8 * 64
-    assert train_py.check_command_line([f"resume={tmp_path / 'run'}", "trainer.max_steps=8"]) is None
+    assert check_command_line([f"resume={tmp_path / 'run'}", "trainer.max_steps=8"]) is None
 
 
 def test_tokenizer_settings_that_contradict_the_checkpoint_are_refused(tiny_run, tmp_path):

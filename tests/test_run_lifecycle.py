@@ -17,8 +17,8 @@ import pytest
 import torch
 import yaml
 
-import train
 from training.checks import SettingError
+from training.launch import Launch, check_command_line
 from training.run import train as train_run
 from training.run_folder import RunFolder, RunFolderError, claim_new_folder
 from training.settings import check_continuation, contradiction
@@ -200,18 +200,18 @@ def test_a_contradicting_setting_beside_resume_is_refused(small_text, tmp_path):
         "cannot be shared by 2 devices: each takes data.batch_size x model.block_size = 8 x 32 = 256 tokens at least",
     }
     for overrides, message in contradicting.items():
-        assert message in train.check_command_line([f"resume={run}", *overrides.split()]), overrides
+        assert message in check_command_line([f"resume={run}", *overrides.split()]), overrides
     # of a run's list of loggers, one left out: refused too, not trained on without it
     listed = stopped_run(small_text, tmp_path, "kill:7", "logger=[tensorboard,csv]", root=tmp_path / "listed")
-    assert train.check_command_line([f"resume={listed}", "logger=csv"]).startswith(
+    assert check_command_line([f"resume={listed}", "logger=csv"]).startswith(
         f"logger=csv contradicts the run being resumed ({listed}), whose logger is [tensorboard,csv]"
     )
     # a setting of a tracker the run has, given alone: checked against the run's own list of trackers,
     # not the default one (which was refused as if logger=[wandb,csv] had been given)
     tracked = stopped_run(small_text, tmp_path, "kill:7", "logger=[wandb,tensorboard,csv]", root=tmp_path / "tracked")
-    assert train.check_command_line([f"resume={tracked}", "logger.wandb.project=tinygpt2"]) is None
+    assert check_command_line([f"resume={tracked}", "logger.wandb.project=tinygpt2"]) is None
     # where wandb logs may change: the advice of a wandb that cannot reach its server, to log offline, is taken
-    assert train.check_command_line([f"resume={tracked}", "logger.wandb.mode=offline"]) is None
+    assert check_command_line([f"resume={tracked}", "logger.wandb.mode=offline"]) is None
     proc = run_script("train.py", f"resume={tracked}", "logger.wandb.project=other", cwd=tmp_path)
     assert one_error_line(proc.stderr).startswith(
         f"error: logger.wandb.project='other' contradicts the run being resumed ({tracked}), whose "
@@ -225,11 +225,9 @@ def test_a_contradicting_setting_beside_resume_is_refused(small_text, tmp_path):
     assert contradiction("logger.wandb.name", "b", "orig", saved, requested, run).startswith(
         f"logger.wandb.name='b' contradicts the run being resumed ({run}), whose logger.wandb.name is 'orig';"
     )
-    assert (
-        train.check_command_line([f"resume={run / 'checkpoints'}"]) is None
-    )  # the checkpoints folder names the run too
-    assert "holds no run" in train.check_command_line([f"resume={tmp_path}"])
-    assert train.check_command_line([f"resume={run / 'config.yaml'}"]) == (
+    assert check_command_line([f"resume={run / 'checkpoints'}"]) is None  # the checkpoints folder names the run too
+    assert "holds no run" in check_command_line([f"resume={tmp_path}"])
+    assert check_command_line([f"resume={run / 'config.yaml'}"]) == (
         f"resume={run / 'config.yaml'} is a file of a run, not a checkpoint; give the run folder: resume={run}"
     )
     allowed = [
@@ -243,7 +241,7 @@ def test_a_contradicting_setting_beside_resume_is_refused(small_text, tmp_path):
         run_args(small_text),
     ]  # every original setting repeated
     for overrides in allowed:
-        assert train.check_command_line([f"resume={run}", *overrides]) is None, overrides
+        assert check_command_line([f"resume={run}", *overrides]) is None, overrides
     assert snapshot(run) == before
 
 
@@ -266,7 +264,7 @@ def test_a_file_of_the_run_replaced_by_a_folder_or_back_is_named_before_anything
         replaced = run / name
         moved = replaced.rename(tmp_path / "aside")
         replaced.mkdir()
-        said = train.check_command_line([f"resume={run}"])
+        said = check_command_line([f"resume={run}"])
         assert said.startswith(f"{replaced} is a folder, where the run keeps its {replaced.name} file;"), said
         replaced.rmdir()
         moved.rename(replaced)
@@ -284,7 +282,7 @@ def test_a_resumed_run_may_run_longer_and_keeps_its_first_settings_file(small_te
     assert last["global_step"] == 16 and last["tinygpt2"]["config"]["trainer"]["max_steps"] == 16
     assert (run / "config.yaml").read_bytes() == settings  # the settings it started with, never rewritten
     assert yaml.safe_load(settings)["trainer"]["max_steps"] == STEPS
-    again = train.check_command_line([f"resume={run}"])  # its newest checkpoint knows it was extended
+    again = check_command_line([f"resume={run}"])  # its newest checkpoint knows it was extended
     assert (
         again
         == "the run is finished: it reached trainer.max_steps=16; give a larger trainer.max_steps to train it further"
@@ -323,10 +321,10 @@ def test_a_run_that_ended_at_its_time_limit_is_finished_until_given_a_longer_one
         "trainer.max_time to train it further"
     )
     assert snapshot(run) == before  # nothing written to the run
-    assert train.check_command_line([f"resume={run}", "trainer.max_time=00:00:00:02"]) is not None  # shorter still
-    assert train.check_command_line([f"resume={run}", "trainer.max_time=00:00:00:05"]) is None
+    assert check_command_line([f"resume={run}", "trainer.max_time=00:00:00:02"]) is not None  # shorter still
+    assert check_command_line([f"resume={run}", "trainer.max_time=00:00:00:05"]) is None
     earlier = sorted((run / "checkpoints").glob("step-*.ckpt"))[0]  # back to an earlier step: time is left from there
-    assert train.check_command_line([f"resume={earlier}"]) is None
+    assert check_command_line([f"resume={earlier}"]) is None
 
 
 def test_a_run_with_both_limits_is_finished_by_the_one_it_reached():
@@ -393,7 +391,7 @@ def test_resume_auto_continues_the_run_with_these_settings_from_any_folder(small
     (runs / "latest").symlink_to(slow)  # as an earlier command would have left it: a link, not a run of its own
     asked = [*run_args(small_text, "optim.lr=3e-3"), f"runs_root={runs}", f"latest_link={runs}/latest", "resume=auto"]
     monkeypatch.chdir(tmp_path)
-    new = train.Launch([*asked, "optim.lr=5e-3"], claim_folders=False).hydra_args()
+    new = Launch([*asked, "optim.lr=5e-3"], claim_folders=False).hydra_args()
     assert not [a for a in new if a.startswith("resume=")]  # other settings: nothing to continue, a new run
     monkeypatch.undo()
 
@@ -526,20 +524,20 @@ def test_a_killed_sweep_continues_in_its_folder_each_job_from_where_it_stood(sma
     ]  # fmt: skip
     assert not any(elsewhere.iterdir())
 
-    assert train.check_command_line(["-m", f"resume={sweep}"]).startswith(f"every job of the sweep {sweep} finished")
-    assert train.check_command_line(["-m", f"resume={sweep}", "optim.lr=1"]).startswith(
+    assert check_command_line(["-m", f"resume={sweep}"]).startswith(f"every job of the sweep {sweep} finished")
+    assert check_command_line(["-m", f"resume={sweep}", "optim.lr=1"]).startswith(
         f"-m resume={sweep} continues the sweep with its own command line; leave out optim.lr=1"
     )
-    assert train.check_command_line(["-m", f"resume={sweep / '1'}"]).startswith(
+    assert check_command_line(["-m", f"resume={sweep / '1'}"]).startswith(
         f"resume={sweep / '1'} is a run, not a sweep: continue it without -m"
     )
     record = (sweep / "multirun.yaml").read_text()
     (sweep / "multirun.yaml").write_text(record.replace(f"cwd: {tmp_path}\n", f"cwd: {tmp_path / 'gone'}\n"))
-    assert train.check_command_line(["-m", f"resume={sweep}"]).startswith(
+    assert check_command_line(["-m", f"resume={sweep}"]).startswith(
         f"the sweep {sweep} was started in {tmp_path / 'gone'}, which is gone"
     )
     (sweep / "multirun.yaml").write_text("hydra:\n  overrides: [")  # a record cut short
-    assert train.check_command_line(["-m", f"resume={sweep}"]).startswith(
+    assert check_command_line(["-m", f"resume={sweep}"]).startswith(
         f"resume={sweep}: {sweep / 'multirun.yaml'} cannot be read"
     )
 
@@ -763,7 +761,7 @@ def test_an_optuna_search_records_every_trial_and_the_best(small_text, tmp_path)
     bpcs = [r["metrics"]["val/bpc"] for r in summary["runs"]]
     assert len(bpcs) == 2 and summary["best"]["val/bpc"] == min(bpcs)
     assert len(list(csv.DictReader(open(sweep / "summary.csv")))) == 2
-    assert train.check_command_line(["-m", f"resume={sweep}"]).startswith(
+    assert check_command_line(["-m", f"resume={sweep}"]).startswith(
         f"resume={sweep} is a search, which is not continued in its folder: run it again with the same"
     )
     assert how_to_continue_sweep(sweep).startswith("the search's trials so far are in")  # said at a stop
@@ -921,7 +919,7 @@ def test_a_second_process_on_a_running_run_is_refused(small_text, tmp_path):
         second = run_script("train.py", f"resume={run}", cwd=tmp_path)
         assert second.returncode == 1
         assert f"being trained by process {proc.pid} on " in one_error_line(second.stderr)
-        assert f"being trained by process {proc.pid} on " in train.check_command_line([*args, f"hydra.run.dir={run}"])
+        assert f"being trained by process {proc.pid} on " in check_command_line([*args, f"hydra.run.dir={run}"])
     finally:
         proc.send_signal(signal.SIGINT)
         finish(proc)
@@ -978,10 +976,10 @@ def test_a_requeued_slurm_job_continues_its_run(small_text, reference, tmp_path,
         patched.chdir(tmp_path)
         for key, value in slurm.items():
             patched.setenv(key, value)
-        assert "already holds a run" in train.check_command_line(run_args(small_text))  # not a requeue: refused
+        assert "already holds a run" in check_command_line(run_args(small_text))  # not a requeue: refused
         patched.setenv("SLURM_PROCID", "1")  # a requeue: every task of the job decides alike, here the second
         patched.setenv("SLURM_RESTART_COUNT", "1")
-        args = train.Launch(run_args(small_text), claim_folders=False).hydra_args()
+        args = Launch(run_args(small_text), claim_folders=False).hydra_args()
     assert f"resume={run / 'checkpoints' / 'step-000006.ckpt'}" in args and f"hydra.run.dir={run}" in args
 
     requeued = run_script(
@@ -1006,4 +1004,4 @@ def test_a_finished_sweep_with_named_job_folders_is_finished_too(small_text, tmp
         "lr0.001",
         "lr0.002",
     ]
-    assert train.check_command_line(["-m", f"resume={sweep}"]).startswith(f"every job of the sweep {sweep} finished")
+    assert check_command_line(["-m", f"resume={sweep}"]).startswith(f"every job of the sweep {sweep} finished")

@@ -286,21 +286,21 @@ def test_wandb_never_prompts(monkeypatch, tmp_path):
 def test_wandb_online_with_no_account_is_refused_before_anything_is_made(monkeypatch, tmp_path):
     """Online with no login would fail inside wandb.init, after the run folder was made: refused with
     the settings, in one line that says how to log in or to log offline."""
-    import train
+    from training.launch import check_command_line
 
     monkeypatch.delenv("WANDB_MODE", raising=False)
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
     for args in (["logger=wandb", "logger.wandb.mode=online"], ["logger=[csv,wandb]", "logger.wandb.mode=online"]):
-        problem = train.check_command_line(args)
+        problem = check_command_line(args)
         assert problem is not None and problem.startswith("wandb logs online only with an account on this machine")
         assert "wandb login" in problem and "logger.wandb.mode=offline" in problem
     monkeypatch.setenv("WANDB_MODE", "online")  # the same, asked for by wandb's own setting
-    assert train.check_command_line(["logger=wandb"]).startswith("wandb logs online only")
-    assert "or log offline by unsetting WANDB_MODE" in train.check_command_line(["logger=wandb"])
-    assert train.check_command_line(["logger=wandb", "logger.wandb.mode=offline"]) is None
+    assert check_command_line(["logger=wandb"]).startswith("wandb logs online only")
+    assert "or log offline by unsetting WANDB_MODE" in check_command_line(["logger=wandb"])
+    assert check_command_line(["logger=wandb", "logger.wandb.mode=offline"]) is None
     monkeypatch.setenv("WANDB_API_KEY", "k" * 40)
-    assert train.check_command_line(["logger=wandb", "logger.wandb.mode=online"]) is None
+    assert check_command_line(["logger=wandb", "logger.wandb.mode=online"]) is None
 
 
 def test_a_wandb_mode_wandb_cannot_read_is_refused_in_one_line_before_anything_is_made(small_text, tmp_path):
