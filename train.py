@@ -29,7 +29,6 @@ import shlex
 import shutil
 import sys
 from pathlib import Path
-from typing import NoReturn
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -38,10 +37,10 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from training.command_line import CommandLineError
 from training.config_groups import named_settings
-from training.ctrl_c import WATCH, unblock_ctrl_c
+from training.ctrl_c import WATCH, hold_ctrl_c, release_ctrl_c, report_ctrl_c, stopped_by_ctrl_c
 from training.errors import USER_ERRORS, ProcessLost, RunWriteError, TrainingDiverged
 from training.launch import Launch
-from training.run_folder import RunFolder, RunFolderError, is_sweep, process_rank, script, take_back_claims
+from training.run_folder import RunFolder, RunFolderError, process_rank, script
 from training.sweep import OBJECTIVE, end_stopped_trials, how_to_continue_sweep, result_record, summarize
 from training.sweep_launch import CONTINUED_SWEEP
 
@@ -60,87 +59,6 @@ def prompt_option(prompt: str) -> str:
     """--prompt and its value as a shell types them; joined by = where the value starts with -, which
     argparse would otherwise read as an option of its own."""
     return f"--prompt={quoted(prompt)}" if prompt.startswith("-") else f"--prompt {quoted(prompt)}"
-
-
-def stopped_by_ctrl_c(run_dir: Path | None = None, resume_record: Path | None = None) -> NoReturn:
-    """Ctrl-C (or SIGTERM) outside the training loop's own graceful stop (start-up, data preparation, a
-    second Ctrl-C): what this process made is taken back, unless the run has a checkpoint to continue
-    from; one line says which. Exits with 128 + the signal's number, as the shell reports a process the
-    signal ended. `run_dir`: the run's folder, once Hydra runs it."""
-    report_ctrl_c(run_dir, resume_record)
-    sys.exit(128 + (_STOPPED_BY[-1] if _STOPPED_BY else signal.SIGINT))
-
-
-def report_ctrl_c(run_dir: Path | None = None, resume_record: Path | None = None) -> None:
-    """stopped_by_ctrl_c's work but for the exit. The processes a launch's first started say nothing:
-    they made nothing, and the first says how the launch stopped."""
-    if process_rank() != 0:
-        return
-    WATCH.end_children()  # those a ddp launch started, still in a job of its sweep: they would wait for this one
-    kept = take_back_claims()
-    if resume_record is not None:
-        shutil.rmtree(resume_record, ignore_errors=True)  # a resume that never started leaves its run as it was
-    if run_dir is not None and RunFolder(run_dir).has_checkpoint():
-        kept.append(RunFolder(run_dir))
-    runs = [folder for folder in kept if folder.has_checkpoint()]
-    sweeps = [folder.sweep() for folder in runs if folder.sweep()] or [
-        folder.path for folder in kept if is_sweep(folder.path)
-    ]
-    if runs:
-        print(f"\nstopped; continue with: {runs[0].continue_command()}", file=sys.stderr)
-    if sweeps:  # a stop between two jobs of a sweep too
-        print(("" if runs else "\nstopped; ") + how_to_continue_sweep(sweeps[0]), file=sys.stderr)
-    elif not runs:
-        said = (
-            "before training began; nothing was written"
-            if run_dir is None
-            else "before the run's first checkpoint; nothing was kept"
-        )
-        print(f"\nstopped {said}", file=sys.stderr)
-
-
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # Ctrl-C, and `kill`'s or a scheduler's stop: taken alike
-_HELD_CTRL_C: list[int] = []  # a stop signal received while they were held
-_STOPPED_BY: list[int] = []  # the stop signal that raised KeyboardInterrupt
-
-
-def hold_ctrl_c() -> None:
-    """From here until release_ctrl_c, Ctrl-C (and SIGTERM) is held: Hydra composes each job's config in
-    OmegaConf state changes that a KeyboardInterrupt would leave half done (Hydra then prints a
-    traceback), and the command line's checks import libraries that one would break."""
-    for stop in STOP_SIGNALS:
-        signal.signal(stop, held_ctrl_c)
-    unblock_ctrl_c()  # a process a ddp launch started has it blocked from its start (block_for_children)
-
-
-def held_ctrl_c(signum, frame) -> None:
-    """A Ctrl-C while held is kept for release_ctrl_c. Pressed again before that (a check that waits on
-    a slow disk), the process ends at once, as while its libraries load."""
-    if _HELD_CTRL_C:
-        signal.signal(signum, signal.SIG_DFL)
-        if process_rank() == 0:
-            twice = "Ctrl-C twice" if signum == signal.SIGINT else f"{signal.Signals(signum).name} after a stop"
-            os.write(2, f"\nstopped at once ({twice})\n".encode())  # (not print: the handler may run inside one)
-            WATCH.end_children()
-        os.kill(os.getpid(), signum)
-    _HELD_CTRL_C.append(signum)
-
-
-def interrupt(signum, frame) -> NoReturn:
-    """Ctrl-C, or SIGTERM, outside the training loop (which stops at the end of a step, GracefulStop): a
-    KeyboardInterrupt, which takes back what the run made as for Ctrl-C."""
-    _STOPPED_BY.append(signum)
-    raise KeyboardInterrupt
-
-
-def release_ctrl_c() -> None:
-    """Ctrl-C and SIGTERM are handled again (KeyboardInterrupt); one received while held is raised now."""
-    for stop in STOP_SIGNALS:
-        signal.signal(stop, interrupt)
-    if _HELD_CTRL_C:
-        _STOPPED_BY.append(_HELD_CTRL_C[-1])
-        _HELD_CTRL_C.clear()
-        raise KeyboardInterrupt
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="train")

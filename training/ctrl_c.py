@@ -1,4 +1,10 @@
-"""Ctrl-C in the first process of a launch that started the others itself (trainer.strategy=ddp with
+"""Ctrl-C (and SIGTERM) outside the training loop, which stops at the end of a step of its own
+(checkpointing.GracefulStop). train.py holds them while Hydra's code and the command line's checks run
+(hold_ctrl_c), and takes them as KeyboardInterrupt in between (release_ctrl_c); a stop then takes back
+what the process made, unless the run has a checkpoint to continue from, and says which
+(stopped_by_ctrl_c).
+
+Ctrl-C in the first process of a launch that started the others itself (trainer.strategy=ddp with
 trainer.devices above 1 on one machine: Lightning starts each further process as a child running
 train.py again).
 
@@ -18,11 +24,16 @@ break Python's own start-up.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sys
 import threading
 from collections.abc import Callable
-from typing import Any
+from pathlib import Path
+from typing import Any, NoReturn
+
+from .run_folder import RunFolder, is_sweep, process_rank, take_back_claims
+from .sweep import how_to_continue_sweep
 
 
 class CtrlCWatch:
@@ -42,7 +53,7 @@ class CtrlCWatch:
 
     def arm(self, report: Callable[[], None]) -> None:
         """From here Ctrl-C is this watch's, until train.py holds it again or the training loop takes it.
-        `report`: says how the launch stopped, taking back what it made (train.py's stopped_by_ctrl_c,
+        `report`: says how the launch stopped, taking back what it made (stopped_by_ctrl_c,
         without its exit). Called on the main thread."""
         self.report, self.taker, self.training = report, None, False
         if not hasattr(signal, "pthread_sigmask"):  # (Windows: Ctrl-C is KeyboardInterrupt throughout)
@@ -127,3 +138,84 @@ def unblock_ctrl_c() -> None:
     started, or this one's train.py is ready to take a Ctrl-C it was started with blocked."""
     if hasattr(signal, "pthread_sigmask"):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+def stopped_by_ctrl_c(run_dir: Path | None = None, resume_record: Path | None = None) -> NoReturn:
+    """Ctrl-C (or SIGTERM) outside the training loop's own graceful stop (start-up, data preparation, a
+    second Ctrl-C): what this process made is taken back, unless the run has a checkpoint to continue
+    from; one line says which. Exits with 128 + the signal's number, as the shell reports a process the
+    signal ended. `run_dir`: the run's folder, once Hydra runs it."""
+    report_ctrl_c(run_dir, resume_record)
+    sys.exit(128 + (_STOPPED_BY[-1] if _STOPPED_BY else signal.SIGINT))
+
+
+def report_ctrl_c(run_dir: Path | None = None, resume_record: Path | None = None) -> None:
+    """stopped_by_ctrl_c's work but for the exit. The processes a launch's first started say nothing:
+    they made nothing, and the first says how the launch stopped."""
+    if process_rank() != 0:
+        return
+    WATCH.end_children()  # those a ddp launch started, still in a job of its sweep: they would wait for this one
+    kept = take_back_claims()
+    if resume_record is not None:
+        shutil.rmtree(resume_record, ignore_errors=True)  # a resume that never started leaves its run as it was
+    if run_dir is not None and RunFolder(run_dir).has_checkpoint():
+        kept.append(RunFolder(run_dir))
+    runs = [folder for folder in kept if folder.has_checkpoint()]
+    sweeps = [folder.sweep() for folder in runs if folder.sweep()] or [
+        folder.path for folder in kept if is_sweep(folder.path)
+    ]
+    if runs:
+        print(f"\nstopped; continue with: {runs[0].continue_command()}", file=sys.stderr)
+    if sweeps:  # a stop between two jobs of a sweep too
+        print(("" if runs else "\nstopped; ") + how_to_continue_sweep(sweeps[0]), file=sys.stderr)
+    elif not runs:
+        said = (
+            "before training began; nothing was written"
+            if run_dir is None
+            else "before the run's first checkpoint; nothing was kept"
+        )
+        print(f"\nstopped {said}", file=sys.stderr)
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # Ctrl-C, and `kill`'s or a scheduler's stop: taken alike
+_HELD_CTRL_C: list[int] = []  # a stop signal received while they were held
+_STOPPED_BY: list[int] = []  # the stop signal that raised KeyboardInterrupt
+
+
+def hold_ctrl_c() -> None:
+    """From here until release_ctrl_c, Ctrl-C (and SIGTERM) is held: Hydra composes each job's config in
+    OmegaConf state changes that a KeyboardInterrupt would leave half done (Hydra then prints a
+    traceback), and the command line's checks import libraries that one would break."""
+    for stop in STOP_SIGNALS:
+        signal.signal(stop, held_ctrl_c)
+    unblock_ctrl_c()  # a process a ddp launch started has it blocked from its start (block_for_children)
+
+
+def held_ctrl_c(signum, frame) -> None:
+    """A Ctrl-C while held is kept for release_ctrl_c. Pressed again before that (a check that waits on
+    a slow disk), the process ends at once, as while its libraries load."""
+    if _HELD_CTRL_C:
+        signal.signal(signum, signal.SIG_DFL)
+        if process_rank() == 0:
+            twice = "Ctrl-C twice" if signum == signal.SIGINT else f"{signal.Signals(signum).name} after a stop"
+            os.write(2, f"\nstopped at once ({twice})\n".encode())  # (not print: the handler may run inside one)
+            WATCH.end_children()
+        os.kill(os.getpid(), signum)
+    _HELD_CTRL_C.append(signum)
+
+
+def interrupt(signum, frame) -> NoReturn:
+    """Ctrl-C, or SIGTERM, outside the training loop (which stops at the end of a step, GracefulStop): a
+    KeyboardInterrupt, which takes back what the run made as for Ctrl-C."""
+    _STOPPED_BY.append(signum)
+    raise KeyboardInterrupt
+
+
+def release_ctrl_c() -> None:
+    """Ctrl-C and SIGTERM are handled again (KeyboardInterrupt); one received while held is raised now."""
+    for stop in STOP_SIGNALS:
+        signal.signal(stop, interrupt)
+    if _HELD_CTRL_C:
+        _STOPPED_BY.append(_HELD_CTRL_C[-1])
+        _HELD_CTRL_C.clear()
+        raise KeyboardInterrupt
