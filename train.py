@@ -39,6 +39,7 @@ from training.command_line import CommandLineError
 from training.config_groups import named_settings
 from training.ctrl_c import WATCH, hold_ctrl_c, release_ctrl_c, report_ctrl_c, stopped_by_ctrl_c
 from training.errors import USER_ERRORS, ProcessLost, RunWriteError, TrainingDiverged
+from training.job_logging import log_libraries_to_file, quiet_console_of_other_processes, to_log_file
 from training.launch import Launch
 from training.run_folder import RunFolder, RunFolderError, process_rank, script
 from training.sweep import OBJECTIVE, end_stopped_trials, how_to_continue_sweep, result_record, summarize
@@ -75,49 +76,6 @@ def main(cfg: DictConfig) -> float | None:
         stopped_by_ctrl_c(*where)
     finally:
         hold_ctrl_c()  # Hydra's code again, until the next job (or the end)
-
-
-def to_log_file(message: str) -> None:
-    """A line for the run's train.log alone, at error level (the console has it from sys.exit)."""
-    record = log.makeRecord(log.name, logging.ERROR, __file__, 0, message, (), None)
-    for handler in logging.getLogger().handlers:
-        if isinstance(handler, logging.FileHandler):
-            handler.handle(record)
-
-
-def without_trailing_newline(record: logging.LogRecord) -> bool:
-    record.msg = str(record.msg).rstrip("\n")  # a formatted warning ends in one
-    return True
-
-
-def log_libraries_to_file() -> None:
-    """The run's train.log (Hydra's file handler) gets what Lightning logs through handlers of its own,
-    and Python's warnings, besides the console, which shows them as before."""
-    files = [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
-    if not logging.getLogger("py.warnings").handlers:
-        console = logging.StreamHandler(sys.stderr)
-        console.setFormatter(logging.Formatter("%(message)s"))
-        logging.getLogger("py.warnings").addHandler(console)
-        logging.getLogger("py.warnings").addFilter(without_trailing_newline)
-        logging.getLogger("py.warnings").propagate = False
-    for name in ("lightning.pytorch", "lightning.fabric", "py.warnings"):
-        library = logging.getLogger(name)
-        for handler in [h for h in library.handlers if isinstance(h, logging.FileHandler)]:
-            library.removeHandler(handler)  # the previous job's, in a sweep
-        for handler in files:
-            library.addHandler(handler)
-    logging.captureWarnings(True)
-
-
-def quiet_console_of_other_processes() -> None:
-    """The processes of a launch beside the first write their log lines to train.log alone, and only
-    their errors to the console they share with it, where each line would show once per process."""
-    if process_rank() == 0:
-        return
-    for logger in (logging.getLogger(), logging.getLogger("py.warnings")):
-        for handler in logger.handlers:
-            if not isinstance(handler, logging.FileHandler):
-                handler.setLevel(max(handler.level, logging.ERROR))
 
 
 def continue_job(cfg: DictConfig, folder: RunFolder) -> float | None:
