@@ -29,6 +29,7 @@ import shlex
 import shutil
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -44,6 +45,9 @@ from training.launch import Launch
 from training.run_folder import RunFolder, RunFolderError, process_rank, script
 from training.sweep import OBJECTIVE, end_stopped_trials, how_to_continue_sweep, result_record, summarize
 from training.sweep_launch import CONTINUED_SWEEP
+
+if TYPE_CHECKING:
+    from training.run import RunResult
 
 log = logging.getLogger("train")
 
@@ -110,7 +114,7 @@ def continue_job(cfg: DictConfig, folder: RunFolder) -> float | None:
 
 def run_job(cfg: DictConfig) -> float | None:
     """main's work: train the run Hydra composed, and say how it ended."""
-    from training.run import describe_metrics, train  # Lightning: loaded once the command line is known to be good
+    from training.run import train  # Lightning: loaded once the command line is known to be good
 
     if not gc.isenabled():  # the first job of the process: start-up is over (see gc.disable above)
         gc.freeze()
@@ -135,24 +139,42 @@ def run_job(cfg: DictConfig) -> float | None:
     try:
         result = train(cfg, run_dir, named=named, overrides=overrides)
     except USER_ERRORS as err:
-        if requested.get("resume") and str(hydra_cfg.output_subdir).startswith(RunFolder.resume_record("")):
-            shutil.rmtree(
-                run_dir / hydra_cfg.output_subdir, ignore_errors=True
-            )  # a refused resume leaves its run as it was
-        if not multirun or isinstance(err, RunWriteError):  # a full disk stops a sweep too
-            if isinstance(err, ProcessLost) or (isinstance(err, TrainingDiverged) and process_rank() == 0):
-                to_log_file(f"error: {err}")  # the run's own log says how it ended
-            if process_rank() != 0 and isinstance(err, TrainingDiverged | ProcessLost):
-                sys.exit(1)  # every process meets a divergence alike, and another's end is the first's to tell
-            sys.exit(f"error: {err}")
-        log.error("error: %s", err)  # one job of a sweep: recorded, and the sweep goes on
-        if isinstance(err, RunFolderError) or requested.get("resume"):  # a folder this job could not have, or
-            return math.inf  # a stopped job of a sweep that could not continue: whatever is there stays
-        folder = RunFolder(run_dir)
-        if not folder.result_file.is_file():  # (a job that diverged has recorded how)
-            run_dir.mkdir(parents=True, exist_ok=True)
-            folder.write_result(result_record(folder, overrides, requested, {}, False, str(err)))
-        return math.inf
+        return ended_by_error(err, hydra_cfg, requested, overrides)
+    return report_result(result, hydra_cfg)
+
+
+def ended_by_error(err: Exception, hydra_cfg: DictConfig, requested: dict, overrides: list[str]) -> float:
+    """A run that one of USER_ERRORS ended: the process exits saying it, but for a job of a sweep, which
+    records it (and returns the worst objective) so that the sweep goes on."""
+    run_dir = Path(hydra_cfg.runtime.output_dir)
+    multirun = hydra_cfg.mode == RunMode.MULTIRUN
+    if requested.get("resume") and str(hydra_cfg.output_subdir).startswith(RunFolder.resume_record("")):
+        shutil.rmtree(
+            run_dir / hydra_cfg.output_subdir, ignore_errors=True
+        )  # a refused resume leaves its run as it was
+    if not multirun or isinstance(err, RunWriteError):  # a full disk stops a sweep too
+        if isinstance(err, ProcessLost) or (isinstance(err, TrainingDiverged) and process_rank() == 0):
+            to_log_file(f"error: {err}")  # the run's own log says how it ended
+        if process_rank() != 0 and isinstance(err, TrainingDiverged | ProcessLost):
+            sys.exit(1)  # every process meets a divergence alike, and another's end is the first's to tell
+        sys.exit(f"error: {err}")
+    log.error("error: %s", err)  # one job of a sweep: recorded, and the sweep goes on
+    if isinstance(err, RunFolderError) or requested.get("resume"):  # a folder this job could not have, or
+        return math.inf  # a stopped job of a sweep that could not continue: whatever is there stays
+    folder = RunFolder(run_dir)
+    if not folder.result_file.is_file():  # (a job that diverged has recorded how)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        folder.write_result(result_record(folder, overrides, requested, {}, False, str(err)))
+    return math.inf
+
+
+def report_result(result: RunResult, hydra_cfg: DictConfig) -> float | None:
+    """How a run that trained ended, said by the first process: stopped (with how to continue it, which
+    ends a sweep), or done (with its metrics and how to sample from it); returns its final val/bpc."""
+    from training.run import describe_metrics
+
+    run_dir = Path(hydra_cfg.runtime.output_dir)
+    multirun = hydra_cfg.mode == RunMode.MULTIRUN
     if process_rank() != 0:
         return result.metrics.get("val/bpc")
     if not result.finished:
