@@ -97,60 +97,44 @@ class Composer:
                     del cfg["hydra"]
             values = OmegaConf.to_container(cfg, resolve=True)
         except MissingConfigException as err:
-            lines = str(err).splitlines()
-            options = [line.strip() for line in lines if line.startswith("\t") and "provider=" not in line]
-            missing = re.search(r"Could not find '([^']+)/([^']+)'", lines[0])
-            if missing and missing.group(1) == "hydra/sweeper":
-                raise CommandLineError(
-                    f"the {missing.group(2)} sweeper is not installed: pip install -e '.[optuna]'"
-                ) from None
-            missing = missing or re.search(r"Could not (?:find|load) '([^']+)/([^']*)'", lines[0])
-            if missing:
-                group, choice = missing.groups()
-                options = options or sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml"))
-                said = f"{group}={choice} is not a choice" if choice else f"{group}= needs a choice"
-                raise CommandLineError(f"{said}; choose one of: {', '.join(options)}") from None
-            raise CommandLineError(lines[0]) from None
+            raise missing_config(err) from None
         except OverrideParseException as err:
-            if (unread := unreadable_override(overrides)) is not None:
-                raise unread from None
-            raise CommandLineError(
-                f"cannot read the command line ({str(err).splitlines()[0]}); write overrides as key=value"
-            ) from None
+            raise unparsed(err, overrides) from None
         except HydraException as err:
-            several = re.match(r"Ambiguous value for argument '(([^=']+)=[^']*)'", str(err))
-            if several:
-                key, value = several.group(2), several.group(1).split("=", 1)[1]
-                raise CommandLineError(
-                    f"{several.group(1)} gives several values: to train one run for each, add -m "
-                    f"(python train.py -m {several.group(1)} ...); for a list, write {key}=[...]; if the comma is "
-                    f"part of one value (a file name), quote it: {quoted_override(key, value)}"
-                ) from None
-            removed = re.match(r"Could not delete '([^']+)'", str(err))
-            if removed and (CONFIG_DIR / removed.group(1)).is_dir():
-                raise CommandLineError(no_group_choice(removed.group(1), f"~{removed.group(1)}")) from None
-            absent = re.match(r"Could not delete from config\. '([^']+)' does not exist", str(err))  # ~key
-            cause = err.__cause__
-            unknown = (cause is not None and "not in struct" in str(cause)) or str(err).startswith("Could not override")
-            if absent or unknown:
-                key = absent.group(1) if absent else str(err).split("'")[1]
-                others = [o for o in overrides if o.lstrip("+~").split("=")[0] != key]
-                if absent and self.value_of(key, others) is None:  # Hydra cannot delete a null value
-                    raise CommandLineError(f"~{key}: {key} is already unset (null): leave ~{key} out") from None
-                chosen = self.choices(others)
-                said = unknown_setting(key, self.defaults, overrides, chosen)
-                raise CommandLineError(f"~{key}: {said}" if absent else said) from None
-            raise CommandLineError(with_reason(err)) from None
+            raise self.refused(err, overrides) from None
         except Exception as err:  # an interpolation or resolver that fails on the given values
-            if "Config group override must be" in str(err):  # model=null, logger=false: not a name
-                given = next((o for o in overrides if is_group(o.lstrip("+").split("=")[0]) and not_a_name(o)), None)
-                if given is not None:
-                    raise CommandLineError(no_group_choice(given.lstrip("+").split("=")[0], given)) from None
-            raise CommandLineError(f"cannot compose the config: {str(err).splitlines()[0]}") from None
+            raise not_composed(err, overrides) from None
         self.check_added(overrides)
         self.check_kinds(overrides)
         check_logger_list(overrides)
         return {**values, "hydra": hydra_cfg} if with_hydra else values
+
+    def refused(self, err: Exception, overrides: list[str]) -> CommandLineError:
+        """Hydra's refusal of an override (HydraException) in one line: a comma that would start a sweep,
+        ~group or ~key that cannot be removed, a setting the config has not."""
+        several = re.match(r"Ambiguous value for argument '(([^=']+)=[^']*)'", str(err))
+        if several:
+            key, value = several.group(2), several.group(1).split("=", 1)[1]
+            return CommandLineError(
+                f"{several.group(1)} gives several values: to train one run for each, add -m "
+                f"(python train.py -m {several.group(1)} ...); for a list, write {key}=[...]; if the comma is "
+                f"part of one value (a file name), quote it: {quoted_override(key, value)}"
+            )
+        removed = re.match(r"Could not delete '([^']+)'", str(err))
+        if removed and (CONFIG_DIR / removed.group(1)).is_dir():
+            return CommandLineError(no_group_choice(removed.group(1), f"~{removed.group(1)}"))
+        absent = re.match(r"Could not delete from config\. '([^']+)' does not exist", str(err))  # ~key
+        cause = err.__cause__
+        unknown = (cause is not None and "not in struct" in str(cause)) or str(err).startswith("Could not override")
+        if absent or unknown:
+            key = absent.group(1) if absent else str(err).split("'")[1]
+            others = [o for o in overrides if o.lstrip("+~").split("=")[0] != key]
+            if absent and self.value_of(key, others) is None:  # Hydra cannot delete a null value
+                return CommandLineError(f"~{key}: {key} is already unset (null): leave ~{key} out")
+            chosen = self.choices(others)
+            said = unknown_setting(key, self.defaults, overrides, chosen)
+            return CommandLineError(f"~{key}: {said}" if absent else said)
+        return CommandLineError(with_reason(err))
 
     def check_kinds(self, overrides: list[str]) -> None:
         """data.source=pydoc, tokenizer.kind=char: what a group's choice is, changed under the settings of
@@ -170,6 +154,40 @@ class Composer:
                     f"{override} would change the kind of {group}={chosen} and keep its settings; choose the "
                     f"{group} itself instead: {instead}"
                 )
+
+
+def missing_config(err: Exception) -> CommandLineError:
+    """A choice of a config group that configs/ has not (MissingConfigException), with the choices it
+    has; a sweeper that is not installed."""
+    lines = str(err).splitlines()
+    options = [line.strip() for line in lines if line.startswith("\t") and "provider=" not in line]
+    missing = re.search(r"Could not find '([^']+)/([^']+)'", lines[0])
+    if missing and missing.group(1) == "hydra/sweeper":
+        return CommandLineError(f"the {missing.group(2)} sweeper is not installed: pip install -e '.[optuna]'")
+    missing = missing or re.search(r"Could not (?:find|load) '([^']+)/([^']*)'", lines[0])
+    if missing:
+        group, choice = missing.groups()
+        options = options or sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml"))
+        said = f"{group}={choice} is not a choice" if choice else f"{group}= needs a choice"
+        return CommandLineError(f"{said}; choose one of: {', '.join(options)}")
+    return CommandLineError(lines[0])
+
+
+def unparsed(err: Exception, overrides: list[str]) -> CommandLineError:
+    """A command line Hydra's grammar cannot read (OverrideParseException): the override, named."""
+    if (unread := unreadable_override(overrides)) is not None:
+        return unread
+    return CommandLineError(f"cannot read the command line ({str(err).splitlines()[0]}); write overrides as key=value")
+
+
+def not_composed(err: Exception, overrides: list[str]) -> CommandLineError:
+    """Any other failure to compose: a group given no name (model=null), an interpolation or resolver
+    that fails on the given values."""
+    if "Config group override must be" in str(err):  # model=null, logger=false: not a name
+        given = next((o for o in overrides if is_group(o.lstrip("+").split("=")[0]) and not_a_name(o)), None)
+        if given is not None:
+            return CommandLineError(no_group_choice(given.lstrip("+").split("=")[0], given))
+    return CommandLineError(f"cannot compose the config: {str(err).splitlines()[0]}")
 
 
 def with_reason(err: Exception) -> str:
