@@ -28,7 +28,7 @@ from .errors import USER_ERRORS, ProcessLost, RunWriteError, TrackerError, Train
 from .init_from import Start
 from .loggers import build_loggers, finish_loggers
 from .module import GPTModule
-from .run_folder import RunFolder, claim
+from .run_folder import Claim, RunFolder, claim
 from .settings import RunSettings, choose_strategy, resolve, resolve_resumed, sample_prompts
 from .sweep import result_record, summarize
 
@@ -70,39 +70,15 @@ def train(
         folder.check_continuable()
     taken = claim(folder, new=checkpoint is None) if main_process else None
     try:
-        try:
-            if checkpoint is None and main_process:
-                folder.check_new("run_dir")
-            settings, start = (
-                resolve(requested, named)
-                if checkpoint is None
-                else (resolve_resumed(checkpoint, requested, named), None)
-            )
-        except USER_ERRORS:
-            if taken is not None and checkpoint is None:
-                taken.take_back()  # a refused start leaves nothing behind
-            raise
-        if main_process and checkpoint is None:
-            save_settings(folder, settings)
-        if main_process and checkpoint is not None:
-            moved = folder.set_aside_after(settings.resume_step)
-            if moved:
-                log.warning(
-                    "resuming from step %d, before the run's newest checkpoint: the %d checkpoint(s) after it "
-                    "are moved to %s, and the run goes on from step %d",
-                    settings.resume_step, len(moved), moved[0].parent, settings.resume_step,
-                )  # fmt: skip
-            folder.reopen()  # a finished run trained further is unfinished until its new end is recorded
+        settings, start = settle(requested, named, folder, checkpoint, taken, main_process)
+        if main_process:
+            prepare_folder(folder, settings, checkpoint)
         result = fit(settings, folder, start, extra_callbacks)
         if main_process:
             record(folder, settings, result, list(overrides))
         return result
     except TrainingDiverged as err:
-        diverged = TrainingDiverged(after_divergence(err, folder, settings))
-        if main_process:  # the run's record says how it ended, as a finished or stopped run's does
-            ended = RunResult(folder.path, None, None, finished=False)
-            record(folder, settings, ended, list(overrides), error=str(diverged))
-        raise diverged from None
+        raise recorded_divergence(err, folder, settings, list(overrides), main_process) from None
     except TrackerError:
         if taken is not None and checkpoint is None:
             taken.take_back()  # it stopped before training: a new run leaves nothing behind
@@ -119,6 +95,56 @@ def train(
     finally:
         if taken is not None:
             taken.release()
+
+
+def settle(
+    requested: dict,
+    named: Iterable[str],
+    folder: RunFolder,
+    checkpoint: Path | None,
+    taken: Claim | None,
+    main_process: bool,
+) -> tuple[RunSettings, Start | None]:
+    """The run's settings, and for a new run where its weights start: a new run's folder checked first;
+    a start that is refused takes back the new folder it claimed (`taken`)."""
+    try:
+        if checkpoint is None and main_process:
+            folder.check_new("run_dir")
+        return (
+            resolve(requested, named) if checkpoint is None else (resolve_resumed(checkpoint, requested, named), None)
+        )
+    except USER_ERRORS:
+        if taken is not None and checkpoint is None:
+            taken.take_back()  # a refused start leaves nothing behind
+        raise
+
+
+def prepare_folder(folder: RunFolder, settings: RunSettings, checkpoint: Path | None) -> None:
+    """The run folder before training: a new run's settings saved; a resumed run's checkpoints after the
+    one it continues from set aside, and a finished run reopened."""
+    if checkpoint is None:
+        save_settings(folder, settings)
+        return
+    moved = folder.set_aside_after(settings.resume_step)
+    if moved:
+        log.warning(
+            "resuming from step %d, before the run's newest checkpoint: the %d checkpoint(s) after it "
+            "are moved to %s, and the run goes on from step %d",
+            settings.resume_step, len(moved), moved[0].parent, settings.resume_step,
+        )  # fmt: skip
+    folder.reopen()  # a finished run trained further is unfinished until its new end is recorded
+
+
+def recorded_divergence(
+    err: TrainingDiverged, folder: RunFolder, settings: RunSettings, overrides: list[str], main_process: bool
+) -> TrainingDiverged:
+    """The error a diverged run ends with (after_divergence), recorded in its result.json by the main
+    process, as a finished or stopped run's end is."""
+    diverged = TrainingDiverged(after_divergence(err, folder, settings))
+    if main_process:
+        ended = RunResult(folder.path, None, None, finished=False)
+        record(folder, settings, ended, overrides, error=str(diverged))
+    return diverged
 
 
 def resume_point(resume: str | None, folder: RunFolder) -> Path | None:
@@ -185,7 +211,27 @@ def fit(
     loggers = build_loggers(settings.values.get("logger") or {}, folder, settings.resume_step)
     start_loggers(loggers, settings.saved())
     graceful, best = build_checkpointing(settings, folder)
-    trainer = L.Trainer(
+    trainer = build_trainer(settings, folder, loggers, graceful, best, extra_callbacks)
+    describe_run(settings, module)
+    data = build_data(settings)
+    block_for_children(trainer)  # (a Ctrl-C as the processes of a ddp launch start: training.ctrl_c)
+    try:
+        fit_to_the_end(trainer, module, data, settings, folder)
+    finally:
+        unblock_ctrl_c()  # (where training never started: see block_for_children)
+        finish_loggers(loggers)
+    return result_of(trainer, module, settings, folder, graceful, best)
+
+
+def build_trainer(
+    settings: RunSettings,
+    folder: RunFolder,
+    loggers: list,
+    graceful: GracefulStop,
+    best: ModelCheckpoint,
+    extra_callbacks: Sequence[L.Callback],
+) -> L.Trainer:
+    return L.Trainer(
         **settings.trainer_arguments(),
         strategy=choose_strategy(settings.trainer["strategy"]),
         precision=settings.trainer["precision"],
@@ -198,9 +244,14 @@ def fit(
         enable_checkpointing=True,
         default_root_dir=str(folder.path),
     )
-    describe_run(settings, module)
-    data = build_data(settings)
-    block_for_children(trainer)  # (a Ctrl-C as the processes of a ddp launch start: training.ctrl_c)
+
+
+def fit_to_the_end(
+    trainer: L.Trainer, module: GPTModule, data: TextDataModule, settings: RunSettings, folder: RunFolder
+) -> None:
+    """trainer.fit, and the final validation of a run resumed after its last step; an error while it
+    trains is said in one line with what is left of the run and how it goes on (a process of the run
+    lost, a file that could not be written), where the error does not say it in its own words."""
     try:
         trainer.fit(module, datamodule=data, ckpt_path=settings.resume_from, weights_only=True)
         if settings.resume_step == settings.max_steps and module.validated_step != settings.max_steps:
@@ -220,9 +271,18 @@ def fit(
             f"{cannot}: writing {cannot.filename or 'a file of the run'} failed while training; "
             + how_to_go_on(folder, cannot.fix)
         ) from None
-    finally:
-        unblock_ctrl_c()  # (where training never started: see block_for_children)
-        finish_loggers(loggers)
+
+
+def result_of(
+    trainer: L.Trainer,
+    module: GPTModule,
+    settings: RunSettings,
+    folder: RunFolder,
+    graceful: GracefulStop,
+    best: ModelCheckpoint,
+) -> RunResult:
+    """What the run reached: its last training and validation values, its checkpoints, and whether a
+    signal stopped it before its end."""
     metrics = {**module.latest_train_values, **module.latest_val_values}
     metrics.update({k: float(v) for k, v in trainer.callback_metrics.items() if torch.is_tensor(v) and v.numel() == 1})
     return RunResult(
