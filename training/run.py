@@ -1,5 +1,6 @@
 """`train(cfg, run_dir)`: one training run: settle its settings (training.settings), build its parts from
-them, fit, and record the result in its run folder (training.run_folder). Hydra stays in train.py."""
+them, fit, and record the result in its run folder (training.run_folder). Hydra stays in train.py and
+the modules that read its command line (training.launch and those it uses)."""
 
 from __future__ import annotations
 
