@@ -16,11 +16,14 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
+
+from training.checkpointing import BestCheckpoint
 
 from .common import (
     ROOT,
@@ -484,3 +487,19 @@ def test_a_file_of_the_run_that_cannot_be_written_while_training_ends_in_one_lin
     again = subprocess.run([sys.executable, *words[1:]], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert again.returncode == 0, again.stderr[-2000:]
     (result,) = [r for r in tmp_path.rglob("result.json") if json.loads(r.read_text())["finished"]]  # a new run
+
+
+def test_best_checkpoint_state_saved_in_a_moved_run_folder_is_kept_and_moved_with_it(reference, tmp_path):
+    """A run folder copied or moved, then resumed: Lightning forgot the best score saved under the old
+    folder, so the first validation after replaced best.ckpt whatever it scored."""
+    saved = torch.load(reference / "checkpoints" / "last.ckpt", weights_only=False)["callbacks"]
+    moved_to = tmp_path / "moved" / "checkpoints"
+    best = BestCheckpoint(dirpath=moved_to, filename="best", monitor="val/loss", mode="min", save_top_k=1)
+    state = saved[best.state_key]  # the key a run saved, before and after best.ckpt had its own class
+    assert state["dirpath"] == str(reference / "checkpoints")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # Lightning's "The dirpath has changed" warning is gone too
+        best.load_state_dict(state)
+    assert best.best_model_score == state["best_model_score"] and best.best_model_score is not None
+    assert best.best_model_path == str(moved_to / "best.ckpt")
+    assert best.best_k_models == {str(moved_to / "best.ckpt"): state["best_model_score"]}

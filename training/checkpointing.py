@@ -15,6 +15,7 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.fabric.plugins import TorchCheckpointIO
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.core.optimizer import LightningOptimizer
 from lightning.pytorch.strategies import ModelParallelStrategy
 
@@ -229,6 +230,36 @@ def link_last(link: Path, target: Path) -> None:
     tmp.unlink(missing_ok=True)
     tmp.symlink_to(target.name)
     os.replace(tmp, link)
+
+
+class BestCheckpoint(ModelCheckpoint):
+    """best.ckpt: the checkpoint of the lowest validation loss (Lightning's ModelCheckpoint), which stays
+    the best when the run folder was moved or copied before it is resumed. Lightning forgets the best
+    score saved under another folder, so the first validation after would replace best.ckpt whatever it
+    scored; here the score is kept and the paths saved are read as the same files in the new folder."""
+
+    @property
+    def state_key(self) -> str:  # ModelCheckpoint's own, so that either reads the other's saved state
+        return "ModelCheckpoint" + super().state_key.removeprefix(type(self).__qualname__)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        saved_in = state_dict.get("dirpath")
+        if saved_in and self.dirpath and saved_in != self.dirpath:
+            state_dict = moved(state_dict, Path(saved_in), Path(self.dirpath))
+        super().load_state_dict(state_dict)
+
+
+def moved(state: dict[str, Any], old: Path, new: Path) -> dict[str, Any]:
+    """ModelCheckpoint's saved state with the paths of files under `old` made the same files under `new`."""
+
+    def here(path: Any) -> Any:
+        if not isinstance(path, str) or not path or not Path(path).is_relative_to(old):
+            return path
+        return str(new / Path(path).relative_to(old))
+
+    state = {key: here(value) for key, value in state.items()}
+    state["best_k_models"] = {here(path): score for path, score in (state.get("best_k_models") or {}).items()}
+    return {**state, "dirpath": str(new)}
 
 
 class GracefulStop(L.Callback):

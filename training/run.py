@@ -23,7 +23,7 @@ from data.datamodule import TextDataModule, batches_for, tokens_per_char
 from data.writes import refused_write
 
 from .callbacks import LossCurve, ProgressBar, TextSamples, Throughput, ValidateAtEnd
-from .checkpointing import AtomicCheckpointIO, GracefulStop, PeriodicCheckpoints
+from .checkpointing import AtomicCheckpointIO, BestCheckpoint, GracefulStop, PeriodicCheckpoints
 from .ctrl_c import block_for_children, unblock_ctrl_c
 from .errors import USER_ERRORS, ProcessLost, RunWriteError, TrackerError, TrainingDiverged
 from .init_from import Start
@@ -376,7 +376,7 @@ def build_checkpointing(settings: RunSettings, folder: RunFolder) -> tuple[Grace
     validate = settings.values["trainer"].get("val_check_interval")
     validate_every = validate if isinstance(validate, int) and not isinstance(validate, bool) else None
     graceful = GracefulStop(PeriodicCheckpoints(folder, every["every_n_steps"], every["keep"], validate_every))
-    best = ModelCheckpoint(
+    best = BestCheckpoint(
         dirpath=folder.checkpoints,
         filename=folder.best.stem,
         monitor="val/loss",
