@@ -45,7 +45,9 @@ def tokenizer_identity(cfg, given: Tokenizer | None) -> dict[str, Any]:
     return settings
 
 
-def default_num_proc() -> int:
+def usable_cores() -> int:
+    """The CPU cores this process may run on: those its affinity allows (a container's or a scheduler's
+    share of the machine, `taskset`), which can be fewer than the machine has (os.cpu_count)."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
@@ -53,7 +55,7 @@ def worker_count(num_proc: int | None) -> int:
     """The processes that tokenize: data.num_proc, or one per CPU core, and never more than that. Each
     keeps a core busy and two shards in memory, so more would only start processes by the thousand
     (a typo's data.num_proc=10000) and hold much of the corpus in memory, for no speed."""
-    cores = default_num_proc()
+    cores = usable_cores()
     if num_proc is not None and num_proc > cores:
         log.info(
             "data.num_proc=%d: tokenizing with %d processes, one per CPU core this process may use", num_proc, cores

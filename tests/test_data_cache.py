@@ -92,7 +92,7 @@ def test_processes_and_shard_sizes_do_not_change_the_ids(tmp_path, documents):
 
 def test_num_proc_above_the_cores_starts_one_process_per_core(tmp_path, documents, caplog):
     """A data.num_proc of thousands would start thousands of processes, each holding shards in memory."""
-    cores = data.prepare.default_num_proc()
+    cores = data.prepare.usable_cores()
     seen = []
     with caplog.at_level("INFO"):
         datamodule(

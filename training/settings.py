@@ -22,7 +22,7 @@ from tokenizers import Tokenizer
 
 from data import DataError
 from data.cache import TokenCache, discard
-from data.prepare import check_sizes, corpus_key, prepare_corpus, unknown_tokens
+from data.prepare import check_sizes, corpus_key, prepare_corpus, unknown_tokens, usable_cores
 from data.tokenizer import eot_id
 from generation.checkpoint import CheckpointError, DamagedCheckpoint, check_sums, read_header
 from generation.session import PromptError, encode_prompt
@@ -282,7 +282,7 @@ def check(values: dict[str, Any], new_run: bool = True) -> tuple[dict[str, Any],
             raise SettingError(
                 f"trainer.devices={shown(devices)} is for GPUs (-1: every one; a list: the ones named), and this run "
                 "trains on CPUs, where a device is a process: give their number, e.g. trainer.devices=2 (this machine "
-                f"has {os.cpu_count()} CPU cores)"
+                f"has {usable_cores()} CPU cores)"
             )
         trainer["precision"] = choose_precision(trainer.get("precision"), accelerator, machine)
         values["compile"] = choose_compile(values.get("compile"), accelerator, machine)
@@ -520,7 +520,7 @@ def check_memory(values: dict[str, Any], model: GPTConfig, world_size: int) -> N
         raise SettingError(problem)
     if tight := tight_fit(*shape):
         warn(tight)
-    if processes > (cores := os.cpu_count() or 1):
+    if processes > (cores := usable_cores()):
         warn(
             f"trainer.devices={processes} starts {processes} training processes on this machine's {cores} CPU cores: "
             f"they take turns on the cores, so the run goes slower than with trainer.devices={cores}"
