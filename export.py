@@ -33,7 +33,7 @@ from tokenizers import Tokenizer
 
 from data.tokenizer import EOT, UNK
 from generation.checkpoint import CheckpointError, Loaded, given_or_newest, load_checkpoint
-from generation.cli import Parser, exit_quietly, given_path, run_program
+from generation.cli import Parser, Terminated, exit_quietly, given_path, run_program, terminate
 from generation.output import OutputError, cannot_write, making_folders
 from model import GPT
 from model.hf import hf_config_dict, to_hf_state_dict
@@ -518,14 +518,6 @@ def report(exported: Exported, hub_repo: str | None) -> None:
     print(f"load it with GPT2LMHeadModel.from_pretrained({str(out)!r}) and AutoTokenizer.from_pretrained({str(out)!r})")
     if hub_repo is not None:
         print(f"uploaded to {push_to_hub(out, hub_repo)}")
-
-
-class Terminated(BaseException):  # as KeyboardInterrupt: no library's `except Exception` takes it
-    """SIGTERM (a scheduler's or `kill`'s stop): raised where the export is, so that it cleans up as for Ctrl-C."""
-
-
-def terminate(signum, frame) -> None:
-    raise Terminated
 
 
 def main(argv: list[str] | None = None) -> int:

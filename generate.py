@@ -29,7 +29,7 @@ import torch
 from tokenizers import Tokenizer
 
 from generation.checkpoint import CheckpointError, given_or_newest, load_checkpoint
-from generation.cli import Parser, exit_quietly, given_path, number, run_program, whole_number
+from generation.cli import Parser, Terminated, exit_quietly, given_path, number, run_program, terminate, whole_number
 from generation.output import OutputError, cannot_write
 from generation.session import Completion, PromptError, Sampling, Session
 from generation.text import token_label, visible
@@ -176,7 +176,7 @@ def generate_text(
 
     try:
         result = session.complete(prompt, sampling, args.num_samples, generators, on_text=show if live else None)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, Terminated):
         if live:  # the cut sample's line ends as a finished one's does, so the next answer starts a line
             out.write("\n")
             out.flush()
@@ -237,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the command line; bad input ends with one `error:` line on stderr and exit status 1."""
     signal.signal(signal.SIGINT, signal.default_int_handler)  # from here Ctrl-C stops a sample (see the top)
     args = parse_args(argv)
+    before = signal.signal(signal.SIGTERM, terminate)  # a `kill` stops the run as Ctrl-C does: no picture half drawn
     try:
         return run_program(
             lambda: run(args),
@@ -245,9 +246,11 @@ def main(argv: list[str] | None = None) -> int:
             CheckpointError,
             less="ask for fewer --num-samples or --max-new-tokens",
         )
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, Terminated) as stop:
         print(file=sys.stderr)
-        return 130
+        return 143 if isinstance(stop, Terminated) else 130
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 def run(args: argparse.Namespace) -> int:

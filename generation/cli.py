@@ -59,6 +59,15 @@ def given_path(text: str) -> Path:
     return Path(text).expanduser()
 
 
+class Terminated(BaseException):  # as KeyboardInterrupt: no library's `except Exception` takes it
+    """SIGTERM (a scheduler's or `kill`'s stop), raised where the program is, so that what it was writing
+    is cleaned up as for Ctrl-C; the default action would end the process with its files half made."""
+
+
+def terminate(signum, frame) -> NoReturn:
+    raise Terminated
+
+
 def exit_quietly(code: int) -> NoReturn:
     """Exit with code; a Ctrl-C from here on (the work is done, the interpreter shutting down: torch's
     exit handlers run) is ignored rather than shown as a traceback of theirs."""

@@ -4,12 +4,15 @@ no traceback, nothing generated, written or overwritten."""
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import resource
 import shutil
 import signal
+import struct
 import subprocess
 import sys
+import termios
 import time
 from pathlib import Path
 
@@ -725,6 +728,35 @@ def test_ctrl_c_at_any_moment_gives_no_traceback(program, tiny_run, tmp_path):
         if program == "export.py" and proc.returncode == 130:
             assert err.strip().splitlines()[-1] == "stopped; nothing was written"
         shutil.rmtree(tmp_path / "x", ignore_errors=True)
+
+
+@pytest.mark.skipif(not hasattr(fcntl, "F_SETPIPE_SZ"), reason="needs Linux's pipe sizes")
+def test_sigterm_while_the_attention_png_is_written_leaves_nothing(tiny_run, tmp_path):
+    """`kill` while the picture is written stops generate.py as Ctrl-C does (143, no traceback), and
+    takes back the file it began. That file is a named pipe whose reader takes one page and no more, so
+    that writing the picture (tens of kB) waits there for this test."""
+    args = ["--ckpt", str(tiny_run), "--prompt", "ROMEO:", "--max-new-tokens", "20", "--attention-png", "a.png"]
+    proc = start_script("generate.py", *args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    partial = tmp_path / f".a.png.{proc.pid}.partial"  # the name the picture is written under first
+    os.mkfifo(partial)
+    reader = os.open(partial, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        fcntl.fcntl(reader, fcntl.F_SETPIPE_SZ, 4096)
+        deadline = time.monotonic() + 240
+        while not available(reader) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)  # until the picture's first bytes are in: the rest wait for a reader
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        os.close(reader)
+    assert proc.returncode == 143 and "Traceback" not in err, err
+    assert out.startswith("ROMEO:")
+    assert list(tmp_path.iterdir()) == []
+
+
+def available(fd: int) -> int:
+    """Bytes waiting to be read from a pipe."""
+    return struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0" * 4))[0]
 
 
 def read_until(fd: int, text: bytes, timeout: float = 120) -> bytes:
