@@ -116,6 +116,16 @@ def test_a_log_file_gets_no_line_per_validation_batch(small_text, tmp_path):
     assert "`Trainer.fit` stopped: `max_steps=6` reached." in lines
 
 
+def test_validations_closer_together_than_a_redraw_still_move_the_bar_on(small_text, tmp_path):
+    # a validation redraws the bar with its figures; if it drew the count of before it, steps done
+    # between validations a fifth of a second apart would never be shown
+    log = tmp_path / "log.txt"
+    args = bar_args(small_text, "trainer.max_steps=30", "trainer.val_check_interval=3", "trainer.limit_val_batches=2")
+    assert run_to_file(args, tmp_path, log).returncode == 0, read(log)[-3000:]
+    shown = {int(STEPS_BAR.match(line)[1]) for line in drawn(read(log)) if STEPS_BAR.match(line)}
+    assert set(range(3, 31, 3)) <= shown, sorted(shown)  # the steps done at each validation, and the end
+
+
 def test_a_run_limited_by_time_shows_the_time_spent_of_its_budget(small_text, tmp_path):
     log = tmp_path / "log.txt"
     args = bar_args(small_text, "trainer.max_steps=-1", "trainer.max_time=00:00:00:06", "trainer.val_check_interval=50")

@@ -415,7 +415,9 @@ class ProgressBar(TQDMProgressBar):
         self.val_progress_bar.close()
         self.reset_dataloader_idx_tracker()
         if trainer.state.fn == "fit" and not trainer.sanity_checking and not trainer.should_stop:
-            self.redraw(trainer, pl_module, count=False)  # the new figures; at the end, closing draws them
+            # the new figures, and the steps done: with validations closer together than REDRAW_SECONDS,
+            # this is the only redraw between them
+            self.redraw(trainer, pl_module)  # at the end, closing draws them
 
     def lift_console_logs(self) -> None:
         """Console log handlers (Hydra's on the root logger, Lightning's own) write above the bars."""
