@@ -1,5 +1,5 @@
 """`train(cfg, run_dir)`: one training run: settle its settings (training.settings), build its parts from
-them, fit, and record the result in its run folder (training.run_folder). Hydra stays in train.py and
+them (training.build), fit, and record the result in its run folder (training.run_folder). Hydra stays in train.py and
 the modules that read its command line (training.launch and those it uses)."""
 
 from __future__ import annotations
@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,18 +18,18 @@ from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf
 
-from data.datamodule import TextDataModule, batches_for, tokens_per_char
+from data.datamodule import TextDataModule
 from data.writes import refused_write
 
-from .callbacks import LossCurve, ProgressBar, TextSamples, Throughput, ValidateAtEnd
-from .checkpointing import AtomicCheckpointIO, BestCheckpoint, GracefulStop, PeriodicCheckpoints
+from .build import build_checkpointing, build_data, build_module, build_trainer, quiet_known_warnings
+from .checkpointing import GracefulStop
 from .ctrl_c import block_for_children, unblock_ctrl_c
 from .errors import USER_ERRORS, ProcessLost, RunWriteError, TrackerError, TrainingDiverged
 from .init_from import Start
 from .loggers import build_loggers, finish_loggers
 from .module import GPTModule
 from .run_folder import Claim, RunFolder, claim
-from .settings import RunSettings, choose_strategy, resolve, resolve_resumed, sample_prompts
+from .settings import RunSettings, resolve, resolve_resumed, sample_prompts
 from .sweep import result_record, summarize
 
 log = logging.getLogger(__name__)
@@ -198,7 +197,7 @@ def record(
         folder.point_latest(Path(link))
 
 
-# ---- building and fitting ----------------------------------------------------------------------------
+# ---- fitting ---------------------------------------------------------------------------------------------
 
 
 def fit(
@@ -222,29 +221,6 @@ def fit(
         unblock_ctrl_c()  # (where training never started: see block_for_children)
         finish_loggers(loggers)
     return result_of(trainer, module, settings, folder, graceful, best)
-
-
-def build_trainer(
-    settings: RunSettings,
-    folder: RunFolder,
-    loggers: list,
-    graceful: GracefulStop,
-    best: ModelCheckpoint,
-    extra_callbacks: Sequence[L.Callback],
-) -> L.Trainer:
-    return L.Trainer(
-        **settings.trainer_arguments(),
-        strategy=choose_strategy(settings.trainer["strategy"]),
-        precision=settings.trainer["precision"],
-        accumulate_grad_batches=settings.accumulation,
-        logger=loggers or False,
-        # the step checkpoints after the callbacks that add training values to the step they save
-        callbacks=[best, *build_callbacks(settings, folder), graceful.checkpoints, graceful, *extra_callbacks],
-        use_distributed_sampler=False,  # the data module shards batches itself, see StepSampler
-        plugins=[AtomicCheckpointIO(), *cluster_plugins()],
-        enable_checkpointing=True,
-        default_root_dir=str(folder.path),
-    )
 
 
 def fit_to_the_end(
@@ -338,91 +314,6 @@ def start_loggers(loggers: list, saved: dict) -> None:
             ) from None
 
 
-def build_module(settings: RunSettings, start: Start | None) -> GPTModule:
-    module = GPTModule(
-        settings.model,
-        settings.values["optim"],
-        max_steps=settings.max_steps,
-        val_tokens_per_char=tokens_per_char(settings.tokens),
-        tokenizer_json=settings.tokenizer_json,
-        run_config=settings.saved(),
-        max_time_seconds=settings.max_time_seconds,
-    )
-    if start:
-        module.model.load_state_dict(start.state)
-        log.info("starting from the weights of %s", start.source)
-    if settings.values["compile"]:
-        module.model.compile()  # compiles in place: the state dict keeps its plain names
-    return module
-
-
-def build_data(settings: RunSettings) -> TextDataModule:
-    values = settings.values
-    return TextDataModule(
-        OmegaConf.create(values["data"]),
-        OmegaConf.create(values["tokenizer"]),
-        settings.model.block_size,
-        values["seed"],
-        batches_for(settings.max_steps, settings.accumulation),
-        cache=settings.tokens,
-        accumulation=settings.accumulation,
-        world_size=settings.world_size,
-    )
-
-
-def build_checkpointing(settings: RunSettings, folder: RunFolder) -> tuple[GracefulStop, ModelCheckpoint]:
-    """Periodic step checkpoints (and the one a signal asks for), and best.ckpt."""
-    every = settings.values["checkpoint"]
-    validate = settings.values["trainer"].get("val_check_interval")
-    validate_every = validate if isinstance(validate, int) and not isinstance(validate, bool) else None
-    graceful = GracefulStop(PeriodicCheckpoints(folder, every["every_n_steps"], every["keep"], validate_every))
-    best = BestCheckpoint(
-        dirpath=folder.checkpoints,
-        filename=folder.best.stem,
-        monitor="val/loss",
-        mode="min",
-        save_top_k=1,
-        auto_insert_metric_name=False,
-        enable_version_counter=False,
-    )
-    return graceful, best
-
-
-def build_callbacks(settings: RunSettings, folder: RunFolder) -> list[L.Callback]:
-    """Speed, the loss curve, the last validation, the progress bar and the text samples."""
-    callbacks = [
-        Throughput(settings.tokens_per_step, settings.world_size, settings.trainer["precision"]),
-        LossCurve(folder.loss_curve, settings.tokens_per_step),
-        ValidateAtEnd(),
-    ]
-    if settings.trainer["enable_progress_bar"]:
-        callbacks.append(ProgressBar(settings.accumulation))
-    samples = settings.values["samples"]
-    if samples["enabled"]:
-        callbacks.append(
-            TextSamples(
-                folder.samples_file,
-                settings.tokenizer_json,
-                sample_prompts(settings.values),
-                samples["max_new_tokens"],
-                samples["temperature"],
-                samples["top_k"],
-                samples["seed"],
-                settings.resume_step,
-            )
-        )
-    return callbacks
-
-
-def cluster_plugins() -> list[Any]:
-    """Under SLURM, Lightning's own requeue (on SIGUSR1, an hpc_ckpt file and `scontrol requeue`) is
-    off: a stop checkpoints through GracefulStop (SIGTERM), and the requeued job continues its run
-    folder through resume (see train.py)."""
-    from lightning.fabric.plugins.environments import SLURMEnvironment
-
-    return [SLURMEnvironment(auto_requeue=False)] if SLURMEnvironment.detect() else []
-
-
 def describe_run(settings: RunSettings, module: GPTModule) -> None:
     config = settings.model
     log.info(
@@ -443,25 +334,6 @@ def describe_run(settings: RunSettings, module: GPTModule) -> None:
     )
     if settings.resume_from:
         log.info("resuming from %s (step %d)", settings.resume_from, settings.resume_step)
-
-
-def quiet_known_warnings() -> None:
-    """Silence warnings that are advice for other setups, not problems of this one."""
-    for message in (
-        r".*does not have many workers.*",  # num_workers=0 is the fast choice on a small CPU
-        r".*GPU available but not used.*",
-        r"Experiment logs directory .* exists and is not empty.*",  # the CSV log shares the run folder
-        r"Checkpoint directory .* exists and is not empty.*",  # a resumed run's own checkpoints
-        r".*isinstance\(treespec, LeafSpec\)` is deprecated.*",  # inside Lightning, with newer torch
-        r".*resuming from a checkpoint that ended before the epoch ended.*",  # StepSampler restarts the data order
-        r"The number of training batches .* is smaller than the logging interval.*",  # a run logs its last step's values
-    ):
-        warnings.filterwarnings("ignore", message=message)
-    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(drop_advertisements)
-
-
-def drop_advertisements(record: logging.LogRecord) -> bool:
-    return "litlogger" not in record.getMessage()
 
 
 def describe_metrics(metrics: dict[str, Any]) -> str:
