@@ -21,7 +21,7 @@ from training.checks import SettingError
 from training.launch import Launch, check_command_line
 from training.run import train as train_run
 from training.run_folder import RunFolder, RunFolderError, claim_new_folder
-from training.settings import check_continuation, contradiction
+from training.settings import check_continuation, contradiction, edits_of_the_record
 from training.sweep import how_to_continue_sweep
 
 from .common import (
@@ -287,6 +287,87 @@ def test_a_resumed_run_may_run_longer_and_keeps_its_first_settings_file(small_te
         again
         == "the run is finished: it reached trainer.max_steps=16; give a larger trainer.max_steps to train it further"
     )
+
+
+NOT_READ = "config.yaml is a record of how the run began and is not read on resume"
+
+
+def warnings_in(proc: subprocess.CompletedProcess) -> list[str]:
+    """The warning lines a run logged, without their time and logger."""
+    return [line.split(" - ", 1)[-1] for line in (proc.stdout + proc.stderr).splitlines() if "[WARNING]" in line]
+
+
+def test_a_hand_edited_config_yaml_is_named_on_resume_and_the_run_keeps_its_own_settings(small_text, tmp_path):
+    run = stopped_run(small_text, tmp_path)  # newest checkpoint: step 6
+    text = (run / "config.yaml").read_text()
+    edited = text.replace("lr: 0.002", "lr: 0.001").replace(f"max_steps: {STEPS}", "max_steps: 14")
+    assert edited.count("0.001") == text.count("0.001") + 1 and "max_steps: 14" in edited
+    (run / "config.yaml").write_text(edited)
+    proc = run_script("train.py", f"resume={run}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    # trainer.max_steps may change on resume, and so is not named: an earlier resume may have changed it
+    assert warnings_in(proc) == [
+        f"{run / 'config.yaml'} differs from the run being resumed (optim.lr is 0.001 there and 0.002 in the run): "
+        f"{NOT_READ}, and these settings cannot change on resume, so the run continues with its own; to train with "
+        f"them, start a new run with them on the command line (init_from={run / 'checkpoints' / 'step-000006.ckpt'} "
+        "starts it from this run's weights)"
+    ]
+    last = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
+    assert last["global_step"] == STEPS and last["tinygpt2"]["config"]["optim"]["lr"] == 2e-3
+    assert (run / "config.yaml").read_text() == edited  # still as the user left it
+
+
+def test_resumes_that_change_settings_are_not_taken_for_edits_and_a_broken_config_yaml_stops_no_resume(
+    small_text, tmp_path
+):
+    run = stopped_run(small_text, tmp_path)
+    for steps in (14, 16):  # the second resume continues a checkpoint whose max_steps config.yaml does not hold
+        proc = run_script("train.py", f"resume={run}", f"trainer.max_steps={steps}", cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert not [line for line in warnings_in(proc) if "config.yaml" in line]
+    text = (run / "config.yaml").read_text()
+    (run / "config.yaml").write_text(text + "optim: [0.1\n")
+    proc = run_script("train.py", f"resume={run}", "trainer.max_steps=18", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert warnings_in(proc) == [
+        f"{run / 'config.yaml'} is not valid YAML (expected ',' or ']', but got '<stream end>' at line "
+        f"{len(text.splitlines()) + 2}); {NOT_READ}: the run continues with its checkpoint's settings"
+    ]
+    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 18
+
+
+def test_an_edit_of_config_yaml_is_told_from_what_a_resume_sets_itself(tmp_path):
+    saved = {
+        "model": {"n_layer": 2, "dropout": 0.0},
+        "optim": {"lr": 0.002},
+        "trainer": {"max_steps": 12, "accumulate_grad_batches": 1, "precision": "32-true"},
+        "compile": False,
+        "seed": 1337,
+        "resume": None,
+        "runs_root": "/runs",
+    }
+    bookkeeping = {"prepared_data": {"cache_key": "abc", "source": "text"}, "chosen_for_the_machine": ["compile"]}
+    folder, checkpoint = RunFolder(tmp_path), tmp_path / "checkpoints" / "step-000006.ckpt"
+    written = {**saved, **bookkeeping, "trainer": {**saved["trainer"], "max_steps": 20, "accumulate_grad_batches": 4}}
+    written |= {"compile": True, "resume": str(checkpoint), "runs_root": "/elsewhere"}  # all set by a resume
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(written, sort_keys=False))
+    assert edits_of_the_record(folder, saved, checkpoint) is None
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(written, sort_keys=False).replace("0.002", "2e-3"))
+    assert edits_of_the_record(folder, saved, checkpoint) is None  # the same number
+    written |= {"model": {"n_layer": 2, "extra": 3}, "optim": {"lr": 0.001}, "seed": 1}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(written, sort_keys=False))
+    assert edits_of_the_record(folder, saved, checkpoint).startswith(
+        f"{tmp_path / 'config.yaml'} differs from the run being resumed (model.extra is 3 there and not set in the "
+        "run; model.dropout is not set there and 0.0 in the run; optim.lr is 0.001 there and 0.002 in the run; "
+        f"and 1 more): {NOT_READ}, and these settings cannot change on resume"
+    )
+    (tmp_path / "config.yaml").write_text("- a list\n")
+    assert edits_of_the_record(folder, saved, checkpoint) == (
+        f"{tmp_path / 'config.yaml'} holds no settings (not a mapping of names to values); {NOT_READ}: the run "
+        "continues with its checkpoint's settings"
+    )
+    (tmp_path / "config.yaml").unlink()
+    assert edits_of_the_record(folder, saved, checkpoint) is None  # nothing to compare
 
 
 def test_cfg_job_beside_resume_shows_the_settings_the_run_continues_with(small_text, tmp_path):

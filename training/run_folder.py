@@ -49,6 +49,16 @@ SWEEPS_ROOT = "multirun"  # where sweeps go, a folder each
 SWEEP_RECORD = "multirun.yaml"  # Hydra's record of a sweep's command line, at the root of its folder
 
 
+class SettingsLoader(yaml.SafeLoader):
+    """YAML read as config.yaml is written and read back (OmegaConf, Hydra's command line): 1e-3 is a
+    number, where YAML 1.1 reads a string unless it has a dot (1.0e-3)."""
+
+
+SettingsLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d+$"), list("-+0123456789.")
+)
+
+
 def is_sweep(folder: str | os.PathLike) -> bool:
     return (Path(folder) / SWEEP_RECORD).is_file()
 
@@ -249,6 +259,31 @@ class RunFolder:
 
     def write_result(self, result: dict[str, Any]) -> None:
         write_atomically(self.result_file, json.dumps(result, indent=2))
+
+    def read_settings(self) -> dict[str, Any] | None:
+        """What config.yaml holds now (a record of how the run began, which a resume does not read, but a
+        hand may have edited), or None where there is none; RunFolderError, saying why, where it cannot be
+        read or holds no settings."""
+        try:
+            text = self.settings_file.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return None
+        except UnicodeDecodeError:
+            raise RunFolderError(f"{self.settings_file} is not UTF-8 text") from None
+        except OSError as err:
+            raise RunFolderError(f"{self.settings_file} cannot be read ({err.strerror or err})") from None
+        try:
+            settings = yaml.load(text, Loader=SettingsLoader)
+        except yaml.MarkedYAMLError as err:
+            where = f" at line {err.problem_mark.line + 1}" if err.problem_mark else ""
+            raise RunFolderError(
+                f"{self.settings_file} is not valid YAML ({err.problem or err.context}{where})"
+            ) from None
+        except yaml.YAMLError as err:
+            raise RunFolderError(f"{self.settings_file} is not valid YAML ({err})") from None
+        if not isinstance(settings, dict):
+            raise RunFolderError(f"{self.settings_file} holds no settings (not a mapping of names to values)")
+        return settings
 
     def first_overrides(self) -> list[str] | None:
         """The command line the run was started with (Hydra's record of it), if it was started by train.py."""

@@ -46,7 +46,7 @@ from .checks import (
 from .init_from import Start, kept_tokenizer, missing_source, model_keys_in, start_from
 from .memory import check_fits, process_count_here, this_machine_free, tight_fit
 from .run_folder import SETTINGS_MARK as PREPARED
-from .run_folder import RunFolder, process_rank, step_of
+from .run_folder import RunFolder, RunFolderError, process_rank, step_of
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +97,10 @@ RESOLVED_TRAINER_KEYS = ("strategy", "precision", "accumulate_grad_batches")
 # a run continued on other hardware (started on a GPU, resumed on a laptop) is given that machine's choice.
 MACHINE_CHOSEN = "chosen_for_the_machine"
 MACHINE_KEYS = ("trainer.precision", "compile")
+
+# Settings a resume sets itself, beside those a resume may change: where runs live and which to continue,
+# what is saved beside the settings, and the accumulation that follows the number of devices.
+SET_BY_A_RESUME = (*LAUNCH_KEYS, PREPARED, MACHINE_CHOSEN, "trainer.accumulate_grad_batches")
 
 
 @dataclass
@@ -380,7 +384,9 @@ def size_to_fallback(values: dict[str, Any], tokens: TokenCache, named: Iterable
 
 def resolve_resumed(checkpoint: Path, requested: dict[str, Any], named: Iterable[str]) -> RunSettings:
     """A continued run's settings: its checkpoint's, with what the command line may change applied."""
-    values, world_size, step, tokenizer, chosen, changed = continue_settings(checkpoint, requested, named)
+    values, world_size, step, tokenizer, chosen, changed, saved = continue_settings(checkpoint, requested, named)
+    if edited := edits_of_the_record(RunFolder(checkpoint.parent.parent), saved, checkpoint):
+        warn(edited)
     for key, (was, now) in changed.items():
         warn(
             f"{key}={shown(was)} was chosen for the machine this run started on; on this one it continues "
@@ -407,6 +413,7 @@ class Continuation(NamedTuple):
     tokenizer: Tokenizer | None  # the run's own
     chosen: tuple[str, ...]  # the MACHINE_KEYS left to the machine
     changed: dict[str, tuple[Any, Any]]  # of those, the ones whose choice differs here: key -> (then, now)
+    saved: dict[str, Any]  # the checkpoint's own settings, before the command line's changes
 
 
 def continue_settings(checkpoint: Path, requested: dict[str, Any], named: Iterable[str]) -> Continuation:
@@ -452,7 +459,7 @@ def continue_settings(checkpoint: Path, requested: dict[str, Any], named: Iterab
                 f"then, {source.label} now: other files, sizes or times); continue it only with the same data, or "
                 f"start a new run from its weights with init_from={checkpoint}"
             )
-    return Continuation(values, world_size, header["step"], tokenizer, chosen, changed)
+    return Continuation(values, world_size, header["step"], tokenizer, chosen, changed, saved)
 
 
 def read_run_header(checkpoint: Path) -> dict[str, Any]:
@@ -596,6 +603,43 @@ def check_continuation(values: dict[str, Any], step: int, finished: bool = True,
             else f"already at step {step}, past trainer.max_steps={max_steps}"
         )
         raise SettingError(f"the run is {where}; give a larger trainer.max_steps to train it further")
+
+
+def edits_of_the_record(folder: RunFolder, saved: dict[str, Any], checkpoint: Path) -> str | None:
+    """A warning line where the run's config.yaml, which resumes never rewrite, no longer holds the
+    settings of the checkpoint being resumed: edited by hand, expecting a change that a resume does not
+    read. Settings a resume may change are left out: an earlier resume may have changed them, and
+    config.yaml still holds the first value. Also a line where config.yaml cannot be read; None where
+    it is missing or agrees."""
+    not_read = "config.yaml is a record of how the run began and is not read on resume"
+    try:
+        written = folder.read_settings()
+    except RunFolderError as err:
+        return f"{err}; {not_read}: the run continues with its checkpoint's settings"
+    if written is None:
+        return None
+    edited = [
+        key
+        for key in differing_leaves(written, saved)
+        if not changeable(key) and not any(key == own or key.startswith(f"{own}.") for own in SET_BY_A_RESUME)
+        if differs(key, lookup(written, key), lookup(saved, key))
+    ]
+    if not edited:
+        return None
+    listed = "; ".join(
+        f"{key} is {as_written(lookup(written, key))} there and {as_written(lookup(saved, key))} in the run"
+        for key in edited[:3]
+    )
+    more = f"; and {len(edited) - 3} more" if len(edited) > 3 else ""
+    return (
+        f"{folder.settings_file} differs from the run being resumed ({listed}{more}): {not_read}, and these "
+        "settings cannot change on resume, so the run continues with its own; to train with them, start a new "
+        f"run with them on the command line (init_from={checkpoint} starts it from this run's weights)"
+    )
+
+
+def as_written(value: Any) -> str:
+    return "not set" if value is ABSENT else shown(value)
 
 
 def matches(requested: dict[str, Any], saved: dict[str, Any], named: Iterable[str]) -> bool:
