@@ -310,6 +310,7 @@ BAD_SETTINGS = [
         "cannot read optim.lr=1e-3,,2e-3 (Error parsing override 'optim.lr=1e-3,,2e-3'); write swept values as key=a,b,c",
     ),
     (["-m", "model.n_layer=range(1,3),x"], "cannot read model.n_layer=range(1,3),x"),
+    (["-m", "model.n_layer=range(3,1)"], "model.n_layer=range(3,1) gives no values to sweep"),  # no job, said nothing
     (
         ["-m", "optim.lr=interval(0.1,1)"],
         "optim.lr=interval(0.1,1) is a range to search, which only a search samples: add hparams_search=optuna",
@@ -550,6 +551,7 @@ def test_run_folder_of_the_users_own_files(tmp_path):
         ["data=text", "data.path=no_such_file.txt"],
         ["-m", "optim.lr=interval(0.1,1)"],
         ["-m", "optim.lr=1e-3,,2e-3"],
+        ["-m", "model.n_layer=range(3,1)"],  # Hydra launched no job, said nothing and left a sweep folder
         ["-m", "hparams_search=optuna", "hydra.sweeper.storage=sqlite:////no/such/folder/s.db"],
         ["-m", "hparams_search=optuna", "hydra.sweeper.n_jobs=0"],  # the sweeper divided by zero trials
         ["-m", "hparams_search=optuna", "hydra.sweeper.storage=search.db"],  # SQLAlchemy's traceback, a sweep folder

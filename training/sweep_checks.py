@@ -221,6 +221,12 @@ def sweep_combinations(overrides: list[str], limit: float = 64) -> list[list[str
                     f"cannot read {override.input_line} ({str(err).splitlines()[0]}); list the values to sweep "
                     "as key=a,b,c, or one range as key=range(start,stop)"
                 ) from None
+            if not values:  # Hydra would launch no job, and end saying nothing
+                raise CommandLineError(
+                    f"{override.input_line} gives no values to sweep (range(start,stop) counts up from start to "
+                    "below stop, e.g. range(1,4) is 1, 2, 3); list the values as key=a,b,c, or give a range that "
+                    "holds some"
+                )
             swept.append([f"{override.get_key_element()}={value}" for value in values])
     if math.prod(len(values) for values in swept) <= limit:
         return [fixed + list(choice) for choice in itertools.product(*swept)]
