@@ -38,7 +38,15 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from training.command_line import CommandLineError
 from training.config_groups import named_settings
-from training.ctrl_c import WATCH, hold_ctrl_c, release_ctrl_c, report_ctrl_c, stopped_by_ctrl_c
+from training.ctrl_c import (
+    WATCH,
+    defer_stop,
+    hold_ctrl_c,
+    raise_deferred_stop,
+    release_ctrl_c,
+    report_ctrl_c,
+    stopped_by_ctrl_c,
+)
 from training.errors import USER_ERRORS, ProcessLost, RunWriteError, TrainingDiverged
 from training.job_logging import log_libraries_to_file, quiet_console_of_other_processes, to_log_file
 from training.launch import Launch
@@ -69,6 +77,7 @@ def prompt_option(prompt: str) -> str:
 @hydra.main(version_base="1.3", config_path="configs", config_name="train")
 def main(cfg: DictConfig) -> float | None:
     release_ctrl_c()  # a Ctrl-C held while Hydra composed this job: raised before the job begins
+    raise_deferred_stop()  # and one the job before took at its last step
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
     resuming = cfg.get("resume") and str(hydra_cfg.output_subdir).startswith(RunFolder.resume_record(""))
@@ -199,6 +208,9 @@ def report_result(result: RunResult, hydra_cfg: DictConfig) -> float | None:
         )
     prompt = f" {prompt_option(result.prompt)}" if result.prompt else ""
     log.info("sample from it: python %s --ckpt %s%s", script("generate.py"), shlex.quote(str(result.run_dir)), prompt)
+    if multirun and result.stopped_by:  # taken at the job's last step, which ended it anyway
+        log.warning("%s came as the job ended; the sweep stops before its next job", result.stopped_by)
+        defer_stop(result.stopped_by)
     return result.metrics.get("val/bpc")
 
 

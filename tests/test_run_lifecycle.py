@@ -687,6 +687,25 @@ def test_ctrl_c_as_the_next_job_of_a_sweep_starts_prints_how_to_continue_the_swe
     assert [(r["run"], r["finished"]) for r in rows] == [("0", "true"), ("1", "true")]
 
 
+def test_ctrl_c_at_the_last_step_of_a_job_stops_the_sweep_after_that_job(small_text, tmp_path):
+    """A Ctrl-C that the training loop takes at a job's last step ends that job as it would have ended
+    anyway, and the sweep stops before its next job (it went on with every other job, and exited 0)."""
+    args = ["-m", *TINY_OVERRIDES, f"data.path={small_text}", "trainer.max_steps=3", "optim.lr=1e-3,2e-3"]
+    proc = run_script("train.py", *args, cwd=tmp_path, failpoint="sigint:3")
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 130 and "Traceback" not in said, said[-2000:]
+    assert "SIGINT came as the job ended; the sweep stops before its next job" in said, said[-2000:]
+    (sweep,) = tmp_path.glob("multirun/*/*")
+    rows = list(csv.DictReader(open(sweep / "summary.csv")))
+    assert [(r["run"], r["finished"]) for r in rows] == [("0", "true")]
+    command = f"python {ROOT / 'train.py'} -m resume={sweep}"
+    assert f"continue the sweep, this job and the rest, with: {command}" in said, said[-2000:]
+    continued = run_printed(command, tmp_path)
+    assert continued.returncode == 0, continued.stderr[-2000:]
+    rows = list(csv.DictReader(open(sweep / "summary.csv")))
+    assert [(r["run"], r["finished"]) for r in rows] == [("0", "true"), ("1", "true")]
+
+
 def test_a_job_stopped_before_its_first_checkpoint_holding_a_users_file_is_left_as_it_is(small_text, tmp_path):
     first = start_script(
         "train.py", *run_args(small_text), cwd=tmp_path, failpoint="kill:2", env={**os.environ, **SLURM}

@@ -180,6 +180,7 @@ def report_ctrl_c(run_dir: Path | None = None, resume_record: Path | None = None
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # Ctrl-C, and `kill`'s or a scheduler's stop: taken alike
 _HELD_CTRL_C: list[int] = []  # a stop signal received while they were held
 _STOPPED_BY: list[int] = []  # the stop signal that raised KeyboardInterrupt
+_DEFERRED_STOP: list[int] = []  # a stop signal a job of a sweep took at its last step (defer_stop)
 
 
 def hold_ctrl_c() -> None:
@@ -209,6 +210,21 @@ def interrupt(signum, frame) -> NoReturn:
     KeyboardInterrupt, which takes back what the run made as for Ctrl-C."""
     _STOPPED_BY.append(signum)
     raise KeyboardInterrupt
+
+
+def defer_stop(signal_name: str) -> None:
+    """A stop signal the training loop took at a job's last step, which ended the job as it would have
+    ended anyway: the sweep stops as its next job begins (raise_deferred_stop), as at a Ctrl-C between
+    two jobs; after the last job there is nothing left to stop."""
+    _DEFERRED_STOP.append(signal.Signals[signal_name])
+
+
+def raise_deferred_stop() -> None:
+    """The stop that the job before this one took at its end (defer_stop), as a KeyboardInterrupt."""
+    if _DEFERRED_STOP:
+        _STOPPED_BY.append(_DEFERRED_STOP.pop())
+        _DEFERRED_STOP.clear()
+        raise KeyboardInterrupt
 
 
 def release_ctrl_c() -> None:

@@ -43,7 +43,7 @@ class RunResult:
     metrics: dict[str, float] = field(default_factory=dict)
     step: int = 0
     finished: bool = True  # False when a signal stopped the run early
-    stopped_by: str | None = None
+    stopped_by: str | None = None  # the stop signal it took while training (SIGINT, SIGTERM), early or at its last step
     prompt: str = ""  # the run's first sample prompt, for the generate.py command it suggests
     fallback: str | None = None  # why the run trained on a stand-in text (data.sources.Source.fallback)
 
@@ -258,8 +258,8 @@ def result_of(
     graceful: GracefulStop,
     best: ModelCheckpoint,
 ) -> RunResult:
-    """What the run reached: its last training and validation values, its checkpoints, and whether a
-    signal stopped it before its end."""
+    """What the run reached: its last training and validation values, its checkpoints, and the stop
+    signal it took, if any (which stopped it before its end, but at its last step)."""
     metrics = {**module.latest_train_values, **module.latest_val_values}
     metrics.update({k: float(v) for k, v in trainer.callback_metrics.items() if torch.is_tensor(v) and v.numel() == 1})
     return RunResult(
@@ -269,7 +269,7 @@ def result_of(
         metrics=metrics,
         step=trainer.global_step,
         finished=graceful.stopped_at is None,
-        stopped_by=graceful.requested if graceful.stopped_at is not None else None,
+        stopped_by=graceful.requested,
         prompt=sample_prompts(settings.values)[0],
         fallback=settings.tokens.fallback,
     )
