@@ -76,6 +76,9 @@ def prompt_option(prompt: str) -> str:
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="train")
 def main(cfg: DictConfig) -> float | None:
+    # The defaults, composed while Ctrl-C is still held: a KeyboardInterrupt inside Hydra's reading of a
+    # config file turns into an error of its own (a traceback, and the run's folder left behind)
+    defaults = OmegaConf.to_container(hydra.compose("train", overrides=[]), resolve=True)
     release_ctrl_c()  # a Ctrl-C held while Hydra composed this job: raised before the job begins
     raise_deferred_stop()  # and one the job before took at its last step
     hydra_cfg = HydraConfig.get()
@@ -84,7 +87,7 @@ def main(cfg: DictConfig) -> float | None:
     where = (run_dir, run_dir / hydra_cfg.output_subdir if resuming else None)
     WATCH.arm(lambda: report_ctrl_c(*where))  # (Ctrl-C while the processes of a ddp launch start)
     try:
-        return run_job(cfg)
+        return run_job(cfg, defaults)
     except KeyboardInterrupt:
         stopped_by_ctrl_c(*where)
     finally:
@@ -121,8 +124,9 @@ def continue_job(cfg: DictConfig, folder: RunFolder) -> float | None:
     return None
 
 
-def run_job(cfg: DictConfig) -> float | None:
-    """main's work: train the run Hydra composed, and say how it ended."""
+def run_job(cfg: DictConfig, defaults: dict) -> float | None:
+    """main's work: train the run Hydra composed (`defaults`: the settings with no override), and say how
+    it ended."""
     from training.run import train  # Lightning: loaded once the command line is known to be good
 
     if not gc.isenabled():  # the first job of the process: start-up is over (see gc.disable above)
@@ -139,12 +143,7 @@ def run_job(cfg: DictConfig) -> float | None:
         if kept is not None:
             return kept
     requested = OmegaConf.to_container(cfg, resolve=True)
-    with_defaults = hydra.compose("train", overrides=[])
-    named = named_settings(
-        [o for o in overrides if not o.startswith("hydra.")],
-        requested,
-        OmegaConf.to_container(with_defaults, resolve=True),
-    )
+    named = named_settings([o for o in overrides if not o.startswith("hydra.")], requested, defaults)
     try:
         result = train(cfg, run_dir, named=named, overrides=overrides)
     except USER_ERRORS as err:

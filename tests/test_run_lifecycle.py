@@ -810,6 +810,42 @@ def test_ctrl_c_while_the_checks_import_a_library_stops_cleanly(small_text, tmp_
     assert not (tmp_path / "outputs").exists() and not (tmp_path / "multirun").exists()
 
 
+# Imported first (sitecustomize) by a train.py under test: Ctrl-C as the job's code has Hydra read its
+# first config file, the moment a KeyboardInterrupt inside Hydra's reading turned into its own error.
+CTRL_C_AS_A_JOB_READS_A_CONFIG = """
+import os, pathlib, signal, sys
+
+opened = pathlib.Path.open
+
+def ctrl_c_once_in_a_job(self, *args, **kwargs):
+    if self.suffix == ".yaml" and not os.environ.get("CTRL_C_SENT"):
+        frame = sys._getframe(1)
+        while frame is not None and not (
+            frame.f_code.co_filename.endswith("train.py") and frame.f_code.co_name in ("main", "run_job")
+        ):
+            frame = frame.f_back
+        if frame is not None:
+            os.environ["CTRL_C_SENT"] = "1"
+            os.kill(os.getpid(), signal.SIGINT)
+    return opened(self, *args, **kwargs)
+
+pathlib.Path.open = ctrl_c_once_in_a_job
+"""
+
+
+@pytest.mark.parametrize("sweep", [False, True], ids=["run", "sweep"])
+def test_ctrl_c_as_hydra_reads_a_config_for_the_job_stops_cleanly(small_text, tmp_path, sweep):
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(CTRL_C_AS_A_JOB_READS_A_CONFIG)
+    args = ["-m", *run_args(small_text), "optim.lr=1e-3,2e-3"] if sweep else run_args(small_text)
+    result = run_script("train.py", *args, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(hook)})
+    assert result.returncode == 130, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert result.stderr.rstrip().splitlines()[-1] == "stopped before training began; nothing was written"
+    assert not (tmp_path / "outputs").exists() and not (tmp_path / "multirun").exists()
+
+
 def test_a_second_sweep_into_the_folder_of_one_under_way_is_refused(small_text, tmp_path):
     sweep = tmp_path / "shared"
     args = ["-m", *run_args(small_text), f"hydra.sweep.dir={sweep}"]
