@@ -942,6 +942,74 @@ def test_a_search_stopped_by_ctrl_c_leaves_no_trial_running_in_its_stored_study(
     assert [trial.state.name for trial in study.trials] == ["FAIL", "COMPLETE"]
 
 
+# Imported first (sitecustomize) by each train.py of a test that starts two searches on one new storage:
+# each waits (up to 5 s) for the other as Optuna begins to read the database's schema version, and again
+# as it finds none and stamps one, so that both find it unstamped, as two searches started together can.
+STORAGES_STAMPED_TOGETHER = """
+import importlib.abc, importlib.util, os, sys, time
+from pathlib import Path
+
+def wait_for_the_other(where):
+    arrived = Path(os.environ["ARRIVED"]) / where
+    arrived.mkdir(exist_ok=True)
+    (arrived / str(os.getpid())).touch()
+    deadline = time.time() + 5
+    while len(list(arrived.iterdir())) < 2 and time.time() < deadline:
+        time.sleep(0.001)
+
+def waiting(where, method):
+    def waited(*args, **kwargs):
+        wait_for_the_other(where)
+        return method(*args, **kwargs)
+    return waited
+
+class StampedTogether(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name != "optuna.storages._rdb.storage":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        load = spec.loader.exec_module
+
+        def exec_module(module):
+            load(module)
+            manager = module._VersionManager
+            manager._init_alembic = waiting("read", manager._init_alembic)
+            manager._set_alembic_revision = waiting("stamp", manager._set_alembic_revision)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+sys.meta_path.insert(0, StampedTogether())
+"""
+
+
+def test_two_searches_started_together_on_a_new_storage_both_run(small_text, tmp_path):
+    """Each made the new database's tables as its sweeper opened it; the second failed with a traceback
+    (UNIQUE constraint failed: alembic_version), leaving its sweep folder."""
+    import optuna
+
+    hook, arrived = tmp_path / "hook", tmp_path / "arrived"
+    hook.mkdir()
+    arrived.mkdir()
+    (hook / "sitecustomize.py").write_text(STORAGES_STAMPED_TOGETHER)
+    env = {**os.environ, "PYTHONPATH": str(hook), "ARRIVED": str(arrived)}
+    search = ["-m", "hparams_search=optuna", "hydra.sweeper.n_trials=1", "hydra.sweeper.storage=sqlite:///search.db"]
+    search += [*TINY_OVERRIDES, f"data.path={small_text}", "trainer.max_time=null", "trainer.max_steps=2"]
+    search += ["optim.warmup_steps=0"]
+    started = [
+        start_script("train.py", *search, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        for _ in range(2)
+    ]
+    for proc in started:
+        _, err = finish(proc)
+        assert proc.returncode == 0 and "Traceback" not in err, err[-2000:]
+    sweeps = list(tmp_path.glob("multirun/*/*"))
+    assert len(sweeps) == 2 and all((sweep / "summary.csv").is_file() for sweep in sweeps)
+    study = optuna.load_study(study_name="tinygpt2", storage=f"sqlite:///{tmp_path / 'search.db'}")
+    assert [trial.state.name for trial in study.trials] == ["COMPLETE", "COMPLETE"]
+
+
 def test_a_search_with_its_study_in_memory_is_not_told_to_reuse_a_storage_it_has_not(small_text, tmp_path):
     """The default search keeps its study in memory: what it says at a stop (and to resume=) names the
     storage that keeps one, not "the same hydra.sweeper.storage", which was null."""

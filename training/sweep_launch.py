@@ -6,9 +6,11 @@ the -m methods of training.launch.Launch, which reads the command line they work
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from .command_line import CommandLineError, Composer, parse_overrides
@@ -25,6 +27,7 @@ from .run_folder import (
     launcher_restarted,
     run_where_started,
     sweep_continue_command,
+    take_back_claims,
 )
 from .sweep import is_search, summarize
 from .sweep_checks import (
@@ -65,8 +68,15 @@ class SweepLaunch:
         continued = self.continued_or_requeued(composer)
         if continued is not None:
             return continued
-        seed = continued_study_seed(self.check_sweep(composer))
+        sweeper = self.check_sweep(composer)
+        seed = continued_study_seed(sweeper)
         args = self.sweep_folder()
+        if self.claim_folders and "optuna" in str(sweeper.get("_target_", "")).lower():
+            try:
+                open_study_storage(sweeper.get("storage"))
+            except CommandLineError:
+                take_back_claims()  # the sweep folder just made
+                raise
         return [a for a in args if a.partition("=")[0] != "hydra.sweeper.sampler.seed"] + seed if seed else args
 
     def continued_or_requeued(self, composer: Composer) -> list[str] | None:
@@ -281,3 +291,42 @@ def continued_study_seed(sweeper: dict) -> list[str]:
         return []
     held = sum(s.n_trials for s in studies if s.study_name == sweeper.get("study_name"))
     return [f"hydra.sweeper.sampler.seed={seed + held}"] if held else []
+
+
+def open_study_storage(storage) -> None:
+    """A search's storage, opened once before its sweep starts, so that it holds Optuna's tables before
+    the sweeper opens it: two searches started at once on a new SQLite file each made them, and the
+    second failed with a traceback (UNIQUE constraint failed: alembic_version), its sweep folder left.
+    For SQLite, the searches take turns under a lock on the file's folder."""
+    if not isinstance(storage, str):
+        return  # in memory
+    import optuna
+    from sqlalchemy.engine import make_url
+
+    url = make_url(storage)
+    sqlite = url.get_backend_name() == "sqlite"
+    try:
+        with folder_lock(Path(url.database).expanduser().absolute().parent) if sqlite else contextlib.nullcontext():
+            optuna.storages.RDBStorage(storage).engine.dispose()
+    except Exception as err:
+        problem = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise CommandLineError(
+            f"hydra.sweeper.storage={storage} cannot be opened ({problem}); check that the database can be "
+            "reached and written, or give another storage"
+        ) from None
+
+
+@contextlib.contextmanager
+def folder_lock(folder: Path) -> Iterator[None]:
+    """An exclusive lock on folder while the block runs, waited for (none without flock: Windows)."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    held = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(held)  # (and its lock)
