@@ -942,6 +942,25 @@ def test_a_search_stopped_by_ctrl_c_leaves_no_trial_running_in_its_stored_study(
     assert [trial.state.name for trial in study.trials] == ["FAIL", "COMPLETE"]
 
 
+def test_a_trial_a_killed_search_left_running_is_failed_by_the_next_search_on_its_study(small_text, tmp_path):
+    """A kill gives a search no chance to end its trial under way, which the stored study held as running
+    for ever; the next search on the study marks it failed, and says so."""
+    import optuna
+
+    search = ["-m", "hparams_search=optuna", "hydra.sweeper.storage=sqlite:///search.db", *TINY_OVERRIDES]
+    search += [f"data.path={small_text}", "trainer.max_time=null", "optim.warmup_steps=0"]
+    finish(start_script("train.py", *search, "hydra.sweeper.n_trials=2", cwd=tmp_path, failpoint="kill:2"))
+    (killed,) = (tmp_path / "multirun").glob("*/*")
+    later = run_script("train.py", *search, "hydra.sweeper.n_trials=1", cwd=tmp_path)
+    assert later.returncode == 0, later.stderr[-2000:]
+    assert (
+        f"trial 0 of the study tinygpt2 was left running by a search that was killed ({killed}); it is marked failed"
+        in later.stderr
+    ), later.stderr[-2000:]
+    study = optuna.load_study(study_name="tinygpt2", storage=f"sqlite:///{tmp_path / 'search.db'}")
+    assert [trial.state.name for trial in study.trials] == ["FAIL", "COMPLETE"]
+
+
 # Imported first (sitecustomize) by each train.py of a test that starts two searches on one new storage:
 # each waits (up to 5 s) for the other as Optuna begins to read the database's schema version, and again
 # as it finds none and stamps one, so that both find it unstamped, as two searches started together can.

@@ -172,12 +172,44 @@ def how_to_add_trials(search: Path) -> str:
 
 
 _LAUNCHED_TRIALS: list[Any] = []  # the Optuna trials this process's search has launched
+SEARCH_OF_TRIAL = "tinygpt2_search"  # a trial's user attribute: the folder of the search that launched it
 
 
 def launched_trial(config: DictConfig, trial: Any) -> None:
     """The search's hydra.sweeper.custom_search_space (configs/hparams_search/optuna.yaml): Optuna's
-    sweeper calls it with each trial it is about to launch, and it is kept for end_stopped_trials."""
+    sweeper calls it with each trial it is about to launch, and it is kept for end_stopped_trials; the
+    study notes the search's folder on it, for fail_abandoned_trials."""
     _LAUNCHED_TRIALS.append(trial)
+    trial.set_user_attr(SEARCH_OF_TRIAL, str(Path(config.hydra.sweep.dir).absolute()))
+
+
+def fail_abandoned_trials(storage: str, study_name: str) -> list[str]:
+    """The trials of the stored study that a search left running as it was killed (with no chance to
+    end them: end_stopped_trials) are told to Optuna as failed; without this they stayed running for
+    ever. A trial counts as abandoned where the folder of its search is here and held by no process.
+    Returns a line for each."""
+    import optuna
+    from optuna.trial import TrialState
+
+    try:
+        study = optuna.load_study(study_name=study_name, storage=storage)
+        running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    except Exception:  # no such study yet (KeyError), or a database gone out of reach: the sweeper says so
+        return []
+    failed = []
+    for trial in running:
+        search = trial.user_attrs.get(SEARCH_OF_TRIAL)
+        if not isinstance(search, str) or not Path(search).is_dir() or RunFolder(search).held_by():
+            continue  # another process's search under way, or one this machine cannot see
+        try:
+            study.tell(trial.number, state=TrialState.FAIL)
+        except Exception:  # ended meanwhile by another search that found it so
+            continue
+        failed.append(
+            f"trial {trial.number} of the study {study_name} was left running by a search that was killed "
+            f"({search}); it is marked failed"
+        )
+    return failed
 
 
 def end_stopped_trials() -> None:

@@ -29,7 +29,7 @@ from .run_folder import (
     sweep_continue_command,
     take_back_claims,
 )
-from .sweep import is_search, summarize
+from .sweep import fail_abandoned_trials, is_search, summarize
 from .sweep_checks import (
     check_direction,
     check_intervals,
@@ -77,6 +77,9 @@ class SweepLaunch:
             except CommandLineError:
                 take_back_claims()  # the sweep folder just made
                 raise
+            if isinstance(sweeper.get("storage"), str):
+                for line in fail_abandoned_trials(sweeper["storage"], str(sweeper.get("study_name"))):
+                    print(line, file=sys.stderr)
         return [a for a in args if a.partition("=")[0] != "hydra.sweeper.sampler.seed"] + seed if seed else args
 
     def continued_or_requeued(self, composer: Composer) -> list[str] | None:
