@@ -150,8 +150,8 @@ def check_launch_sweep(folder: Path) -> None:
 
 def check_storage(storage) -> None:
     """The storage of a search's study, before the sweep folder is made: a database URL whose driver is
-    installed; for SQLite, a database file, or a new one in a folder that can be written (a database on a
-    server is reached at the first trial)."""
+    installed; for SQLite, a database file, or a new one in a folder that can be written (the database is
+    opened once every check has passed: sweep_launch.open_study_storage)."""
     if storage is None:
         return
     from sqlalchemy.engine import make_url
