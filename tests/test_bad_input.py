@@ -288,6 +288,8 @@ BAD_SETTINGS = [
     (["-m", "optim.lr=1e-3,0"], "optim.lr must be above 0, got 0"),  # every value of a sweep is checked first
     (["-m", "resume=auto"], "resume=auto continues one run: run it without -m"),
     (["-m", "resume="], "resume= with -m names no sweep to continue: give its folder"),  # an unset $SWEEP
+    (["-m", "resume=a,b", "optim.lr=1"], "resume=a,b: resume= cannot be swept; with -m it names the one sweep"),
+    (["resume=a,b"], "resume=a,b gives several values, and resume= continues one run: continue each alone"),
     (["resume="], "resume= is empty: give the run to continue (resume=outputs/DATE/TIME), or leave resume= out"),
     (["-m", "--cfg", "job", "optim.lr=1e-3,2e-3"], "--cfg shows what one run would use and -m starts a sweep"),
     (["--info", "-m"], "--info shows what one run would use and -m starts a sweep of several: leave -m out"),

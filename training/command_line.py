@@ -115,6 +115,12 @@ class Composer:
         several = re.match(r"Ambiguous value for argument '(([^=']+)=[^']*)'", str(err))
         if several:
             key, value = several.group(2), several.group(1).split("=", 1)[1]
+            if key.lstrip("+") == "resume":  # one run, which -m would not sweep either
+                return CommandLineError(
+                    f"{several.group(1)} gives several values, and resume= continues one run: continue each alone "
+                    f"(python train.py resume=RUN); if the comma is part of the folder's name, quote it: "
+                    f"{quoted_override(key, value)}"
+                )
             return CommandLineError(
                 f"{several.group(1)} gives several values: to train one run for each, add -m "
                 f"(python train.py -m {several.group(1)} ...); for a list, write {key}=[...]; if the comma is "

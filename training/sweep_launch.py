@@ -85,7 +85,14 @@ class SweepLaunch:
     def continued_or_requeued(self, composer: Composer) -> list[str] | None:
         """-m continuing a sweep, in any process of a launch: the one resume= names, or the one a launch
         its scheduler restarted had begun (continued_sweep's arguments); None for a new sweep."""
-        resume = [o.partition("=")[2] for o in self.user if "=" in o and o.lstrip("+").partition("=")[0] == "resume"]
+        given = [o for o in self.user if "=" in o and o.lstrip("+").partition("=")[0] == "resume"]
+        swept = next((o for o in parse_overrides(given) if o.is_sweep_override()), None)
+        if swept is not None:  # (read as the name of one sweep, it was not found, or the rest was refused)
+            raise CommandLineError(
+                f"{swept.input_line}: resume= cannot be swept; with -m it names the one sweep to continue (python "
+                "train.py -m resume=multirun/DATE/TIME), and a run continues alone (python train.py resume=RUN)"
+            )
+        resume = [o.partition("=")[2] for o in given]
         if resume and resume[-1] in ("", "null"):  # an unset shell variable: not a new sweep of the defaults
             raise CommandLineError(
                 f"resume={resume[-1]} with -m names no sweep to continue: give its folder (python train.py -m "
