@@ -31,7 +31,16 @@ import torch
 from torch import nn
 
 from generation.checkpoint import CheckpointError, given_or_newest, load_checkpoint
-from generation.cli import Parser, exit_quietly, given_path, run_program, whole_number
+from generation.cli import (
+    Parser,
+    Terminated,
+    exit_quietly,
+    given_path,
+    run_program,
+    stopped_status,
+    stops_raised,
+    whole_number,
+)
 from generation.session import PromptError, Session
 from generation.text import token_label
 from model import GPT
@@ -532,13 +541,13 @@ def prompt_ids(session: Session, prompt: str) -> tuple[list[int], int]:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; bad input ends with one `error:` line on stderr and exit status 1."""
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C from here: see the except below
-    args = parse_args(argv)
     try:
-        return run_program(lambda: run(args), UsageError, PromptError, CheckpointError)
-    except KeyboardInterrupt:
+        with stops_raised():  # Ctrl-C or SIGTERM from here: see the except below
+            args = parse_args(argv)
+            return run_program(lambda: run(args), UsageError, PromptError, CheckpointError)
+    except (KeyboardInterrupt, Terminated) as stop:
         print(file=sys.stderr)
-        return 130
+        return stopped_status(stop)
 
 
 def run(args: argparse.Namespace) -> int:

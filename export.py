@@ -33,13 +33,21 @@ from tokenizers import Tokenizer
 
 from data.tokenizer import EOT, UNK
 from generation.checkpoint import CheckpointError, Loaded, given_or_newest, load_checkpoint
-from generation.cli import Parser, Terminated, exit_quietly, given_path, run_program, terminate
+from generation.cli import (
+    STOPS,
+    Parser,
+    Terminated,
+    exit_quietly,
+    given_path,
+    run_program,
+    stopped_status,
+    stops_raised,
+)
 from generation.output import OutputError, cannot_write, making_folders
 from model import GPT
 from model.hf import hf_config_dict, to_hf_state_dict
 
 TOLERANCE = 1e-4
-STOPS = (signal.SIGINT, signal.SIGTERM)  # Ctrl-C, and a scheduler's or `kill`'s stop
 FILES = (
     "README.md",
     "config.json",
@@ -521,25 +529,22 @@ def report(exported: Exported, hub_repo: str | None) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C from here: see the except below
-    before = signal.signal(signal.SIGTERM, terminate)
-    args = parse_args(argv)
     progress = Progress()
-
-    def work() -> None:
-        exported = export(given_or_newest(args.ckpt), args.out, args.force, args.push_to_hub, progress)
-        try:
-            report(exported, args.push_to_hub)
-        except OutputError as err:
-            raise OutputError(f"{err} ({progress})") from None
-
     try:
-        return run_program(work, ExportError, CheckpointError)
+        with stops_raised():  # Ctrl-C or SIGTERM from here: see the except below
+            args = parse_args(argv)
+            return run_program(lambda: run(args, progress), ExportError, CheckpointError)
     except (KeyboardInterrupt, Terminated) as stop:
         print(f"\nstopped; {progress}", file=sys.stderr)
-        return 143 if isinstance(stop, Terminated) else 130
-    finally:
-        signal.signal(signal.SIGTERM, before)
+        return stopped_status(stop)
+
+
+def run(args: argparse.Namespace, progress: Progress) -> None:
+    exported = export(given_or_newest(args.ckpt), args.out, args.force, args.push_to_hub, progress)
+    try:
+        report(exported, args.push_to_hub)
+    except OutputError as err:
+        raise OutputError(f"{err} ({progress})") from None
 
 
 if __name__ == "__main__":

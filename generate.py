@@ -29,7 +29,17 @@ import torch
 from tokenizers import Tokenizer
 
 from generation.checkpoint import CheckpointError, given_or_newest, load_checkpoint
-from generation.cli import Parser, Terminated, exit_quietly, given_path, number, run_program, terminate, whole_number
+from generation.cli import (
+    Parser,
+    Terminated,
+    exit_quietly,
+    given_path,
+    number,
+    run_program,
+    stopped_status,
+    stops_raised,
+    whole_number,
+)
 from generation.output import OutputError, cannot_write
 from generation.session import Completion, PromptError, Sampling, Session
 from generation.text import token_label, visible
@@ -235,22 +245,21 @@ def save_attention(model, tokenizer: Tokenizer, result: Completion, path: Path, 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; bad input ends with one `error:` line on stderr and exit status 1."""
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # from here Ctrl-C stops a sample (see the top)
-    args = parse_args(argv)
-    before = signal.signal(signal.SIGTERM, terminate)  # a `kill` stops the run as Ctrl-C does: no picture half drawn
     try:
-        return run_program(
-            lambda: run(args),
-            UsageError,
-            PromptError,
-            CheckpointError,
-            less="ask for fewer --num-samples or --max-new-tokens",
-        )
+        # from here Ctrl-C stops a sample (see the top), and a `kill` stops the run as Ctrl-C does: no
+        # picture half drawn
+        with stops_raised():
+            args = parse_args(argv)
+            return run_program(
+                lambda: run(args),
+                UsageError,
+                PromptError,
+                CheckpointError,
+                less="ask for fewer --num-samples or --max-new-tokens",
+            )
     except (KeyboardInterrupt, Terminated) as stop:
         print(file=sys.stderr)
-        return 143 if isinstance(stop, Terminated) else 130
-    finally:
-        signal.signal(signal.SIGTERM, before)
+        return stopped_status(stop)
 
 
 def run(args: argparse.Namespace) -> int:

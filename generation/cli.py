@@ -5,11 +5,12 @@ one ends."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import re
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NoReturn
 
@@ -59,19 +60,46 @@ def given_path(text: str) -> Path:
     return Path(text).expanduser()
 
 
+STOPS = (signal.SIGINT, signal.SIGTERM)  # Ctrl-C, and a scheduler's or `kill`'s stop
+
+
 class Terminated(BaseException):  # as KeyboardInterrupt: no library's `except Exception` takes it
     """SIGTERM (a scheduler's or `kill`'s stop), raised where the program is, so that what it was writing
     is cleaned up as for Ctrl-C; the default action would end the process with its files half made."""
 
 
-def terminate(signum, frame) -> NoReturn:
-    raise Terminated
+@contextlib.contextmanager
+def stops_raised() -> Iterator[None]:
+    """While held, Ctrl-C raises KeyboardInterrupt and SIGTERM raises Terminated where the program is;
+    the handlers that were there before come back after. A stop whose handler runs only as the block is
+    left is dropped: the work has ended by then, one way or the other, and raised while the other
+    signal's handler is given back, it would escape the caller's `except` as a traceback."""
+    over = False
+
+    def stop(signum, frame) -> None:
+        if not over:
+            raise KeyboardInterrupt if signum == signal.SIGINT else Terminated
+
+    before = {signum: signal.signal(signum, stop) for signum in STOPS}
+    try:
+        yield
+    finally:
+        over = True
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
+
+
+def stopped_status(stop: BaseException) -> int:
+    """The exit status of a run that a stop ended, as a shell reports a process that the signal ended."""
+    return 128 + (signal.SIGTERM if isinstance(stop, Terminated) else signal.SIGINT)
 
 
 def exit_quietly(code: int) -> NoReturn:
-    """Exit with code; a Ctrl-C from here on (the work is done, the interpreter shutting down: torch's
-    exit handlers run) is ignored rather than shown as a traceback of theirs."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    """Exit with code, once the work is done and reported. A stop from here on (Ctrl-C or SIGTERM while
+    the interpreter shuts down and torch's exit handlers run) is ignored: it would change the status of a
+    run that is over (143 for an export in place) or show a traceback of those handlers."""
+    for signum in STOPS:
+        signal.signal(signum, signal.SIG_IGN)
     sys.exit(code)
 
 

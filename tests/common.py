@@ -178,6 +178,68 @@ def start_script(
     )
 
 
+# The sitecustomize.py of stop_at: Python imports it as it starts, before the script.
+STOP_HOOK = """\
+import importlib.abc
+import importlib.util
+import os
+import sys
+
+MODULE, NAME, SIGNUM = {module!r}, {name!r}, {signum}
+
+
+def wrap(module):
+    *path, attr = NAME.split(".")
+    owner = module
+    for part in path:
+        owner = getattr(owner, part)
+    original, fired = getattr(owner, attr), []
+
+    def stopped(*args, **kwargs):
+        if not fired:
+            fired.append(True)
+            os.kill(os.getpid(), SIGNUM)
+        return original(*args, **kwargs)
+
+    setattr(owner, attr, stopped)
+
+
+class WrapOnImport(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name != MODULE:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        run = spec.loader.exec_module
+
+        def run_and_wrap(module):
+            run(module)
+            wrap(module)
+
+        spec.loader.exec_module = run_and_wrap
+        return spec
+
+
+if MODULE in sys.modules:
+    wrap(sys.modules[MODULE])
+else:
+    sys.meta_path.insert(0, WrapOnImport())
+"""
+
+
+def stop_at(folder: Path, target: str, signum: int) -> dict:
+    """The environment of a script run (for run_script's env) in which the process sends itself signum
+    the first time `target` is called ("module:function" or "module:Class.method"): a Ctrl-C or SIGTERM
+    that lands at that named moment, however fast the machine. A sitecustomize.py in folder, put first
+    on PYTHONPATH, wraps the function once its module is imported; the function itself runs unchanged."""
+    module, name = target.split(":")
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "sitecustomize.py").write_text(STOP_HOOK.format(module=module, name=name, signum=int(signum)))
+    env = script_environment(None, None)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(folder), env.get("PYTHONPATH")]))
+    return env
+
+
 def run_in_terminal(*args: str, cwd: Path | None = None, columns: int = 120, timeout: float = 600) -> tuple[int, str]:
     """A script of the project run in a pseudo-terminal `columns` wide: its exit status and all it printed."""
     import fcntl

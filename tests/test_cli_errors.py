@@ -24,8 +24,9 @@ import explain
 import export
 import generate
 from generation.checkpoint import DamagedCheckpoint, read_header, read_weights
+from generation.cli import STOPS, Terminated, stops_raised
 
-from .common import ROOT, damaged_copy, flipped_copy, one_error_line, run_script, snapshot, start_script
+from .common import ROOT, damaged_copy, flipped_copy, one_error_line, run_script, snapshot, start_script, stop_at
 from .tiny import train_tiny_gpt, write_checkpoint
 
 
@@ -850,19 +851,64 @@ def test_asking_for_more_than_memory_holds_is_one_line_with_what_to_ask_instead(
     assert line.startswith("error: out of memory (7.6 GiB at once): ask for fewer --num-samples or --max-new-tokens")
 
 
-def test_a_ctrl_c_after_the_work_is_done_is_not_shown_as_an_exit_handlers_traceback():
-    """generate.py, explain.py and export.py end through exit_quietly: a Ctrl-C that lands while the
-    interpreter shuts down (torch runs exit handlers of its own) changes neither the status nor stderr."""
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_stop_after_the_work_is_done_changes_neither_status_nor_stderr(signum):
+    """generate.py, explain.py and export.py end through exit_quietly: a Ctrl-C or SIGTERM that lands while
+    the interpreter shuts down (torch runs exit handlers of its own) is not shown as a traceback of theirs,
+    nor does it turn the status of a finished run (an export in place) into a stopped one's."""
     code = (
         "import atexit, os, signal\n"
         "from generation.cli import exit_quietly\n"
-        "atexit.register(lambda: os.kill(os.getpid(), signal.SIGINT))\n"
+        f"atexit.register(lambda: os.kill(os.getpid(), {int(signum)}))\n"
         "exit_quietly(3)\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert (proc.returncode, proc.stderr) == (3, "")
     for script in ("generate.py", "explain.py", "export.py"):
         assert (ROOT / script).read_text().endswith('if __name__ == "__main__":\n    exit_quietly(main())\n')
+
+
+STOPPED_ARGS = {"generate.py": ["--attention-png", "a/b.png"], "explain.py": [], "export.py": ["--out", "x/y/hf"]}
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize(
+    "program, moment",
+    [
+        *((program, "argparse:ArgumentParser.parse_known_args") for program in STOPPED_ARGS),
+        *((program, "generation.checkpoint:load_checkpoint") for program in STOPPED_ARGS),
+    ],
+)
+def test_a_stop_as_the_arguments_are_read_or_the_model_loads_ends_in_one_line(
+    program, moment, signum, tiny_run, tmp_path
+):
+    """Ctrl-C (130) or SIGTERM (143) that lands once the imports are over, as argparse reads the command
+    line or as the checkpoint loads: each program ends as a stop at work ends it, without a traceback,
+    having printed and made nothing (export.py says so). The stop is sent at that named moment
+    (stop_at), not after a delay."""
+    env = stop_at(tmp_path / "hook", moment, signum)
+    work = tmp_path / "work"
+    work.mkdir()
+    proc = run_script(program, "--ckpt", str(tiny_run), *STOPPED_ARGS[program], cwd=work, env=env, timeout=300)
+    assert proc.returncode == 128 + signum and "Traceback" not in proc.stderr, proc.stderr
+    said = "stopped; nothing was written" if program == "export.py" else ""
+    assert proc.stdout == "" and proc.stderr.strip() == said
+    assert list(work.iterdir()) == []
+
+
+def test_stops_raised_gives_the_handlers_back_and_lets_a_stop_that_lands_as_it_ends_go():
+    """While held, SIGINT raises KeyboardInterrupt and SIGTERM Terminated; after, the handlers that were
+    there are back, and a stop whose handler runs only then (the work is over) raises nothing."""
+    before = {signum: signal.getsignal(signum) for signum in STOPS}
+    with stops_raised():
+        held = {signum: signal.getsignal(signum) for signum in STOPS}
+        with pytest.raises(KeyboardInterrupt):
+            held[signal.SIGINT](signal.SIGINT, None)
+        with pytest.raises(Terminated):
+            held[signal.SIGTERM](signal.SIGTERM, None)
+    assert {signum: signal.getsignal(signum) for signum in STOPS} == before
+    for signum, handler in held.items():
+        assert handler(signum, None) is None
 
 
 def test_a_folder_of_another_project_with_a_config_json_is_said_not_to_be_a_gpt2(tmp_path, capsys):
