@@ -54,6 +54,9 @@ def terminate(signum, frame) -> NoReturn:
 def run_benchmark(main: Callable[[], None]) -> NoReturn:
     """Run a benchmark's main and exit as described at the top."""
     signal.signal(signal.SIGTERM, terminate)
+    # Ctrl-C stops a benchmark even where it was started with SIGINT ignored (a background job of a
+    # script), as it stops train.py: its temporary folder and the programs it runs are taken back
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         code = run_program(main)
     except (KeyboardInterrupt, Terminated) as stop:
