@@ -295,8 +295,9 @@ def continued_study_seed(sweeper: dict) -> list[str]:
         return []  # no study yet, and reading would make the file
     import optuna
 
-    try:
-        studies = optuna.get_all_study_summaries(storage)
+    try:  # under open_study_storage's lock: another search may be making a new file's tables
+        with storage_lock(storage):
+            studies = optuna.get_all_study_summaries(storage)
     except Exception:  # a database out of reach: the sweeper says so as it starts
         return []
     held = sum(s.n_trials for s in studies if s.study_name == sweeper.get("study_name"))
@@ -311,12 +312,9 @@ def open_study_storage(storage) -> None:
     if not isinstance(storage, str):
         return  # in memory
     import optuna
-    from sqlalchemy.engine import make_url
 
-    url = make_url(storage)
-    sqlite = url.get_backend_name() == "sqlite"
     try:
-        with folder_lock(Path(url.database).expanduser().absolute().parent) if sqlite else contextlib.nullcontext():
+        with storage_lock(storage):
             optuna.storages.RDBStorage(storage).engine.dispose()
     except Exception as err:
         problem = (str(err).strip().splitlines() or [type(err).__name__])[0]
@@ -324,6 +322,17 @@ def open_study_storage(storage) -> None:
             f"hydra.sweeper.storage={storage} cannot be opened ({problem}); check that the database can be "
             "reached and written, or give another storage"
         ) from None
+
+
+def storage_lock(storage: str) -> contextlib.AbstractContextManager:
+    """For a SQLite storage, a lock on its file's folder that every search of this project takes to open
+    the file, one search at a time; for other databases, nothing (they make their tables safely)."""
+    from sqlalchemy.engine import make_url
+
+    url = make_url(storage)
+    if url.get_backend_name() != "sqlite":
+        return contextlib.nullcontext()
+    return folder_lock(Path(url.database).expanduser().absolute().parent)
 
 
 @contextlib.contextmanager
