@@ -139,7 +139,7 @@ class StaticStep:
         self.token.copy_(token)
         self.pos.fill_(pos)
         for cache in self.caches:
-            cache.length = pos + 1
+            cache.mark_filled(pos + 1)
         return self.run()
 
 

@@ -19,7 +19,7 @@ class KVCache:
         self.kv = torch.zeros((batch_size, 2, n_head, max_len, head_size), device=device, dtype=dtype)
         self.k, self.v = self.kv[:, 0], self.kv[:, 1]  # views, (B, nh, max_len, hs)
         self.positions = torch.arange(max_len, device=device).view(1, max_len)  # (T = 1, S)
-        self.length = 0  # positions filled so far (for an int position; a tensor one is not read back)
+        self.length = 0  # positions filled so far (after a write at a tensor position: mark_filled)
 
     @property
     def max_len(self) -> int:
@@ -32,6 +32,13 @@ class KVCache:
         self.v[:, :, start_pos:end] = v
         self.length = end
         return self.k[:, :, :end], self.v[:, :, :end]
+
+    def mark_filled(self, length: int) -> None:
+        """Record that positions 0..length-1 hold keys and values: after a write at a tensor position,
+        whose value the cache does not read back (that would wait for the device every step)."""
+        if not 0 <= length <= self.max_len:
+            raise ValueError(f"a cache of {self.max_len} positions cannot hold {length}")
+        self.length = length
 
     def append(self, pos: int | torch.Tensor, kv: torch.Tensor):
         """Write one position's keys and values, kv (B, 2, nh, hs), at pos, the next free position.
