@@ -32,6 +32,7 @@ import hashlib
 import json
 import logging
 import os
+import shlex
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -133,7 +134,9 @@ def check_entry(folder: Path, meta: Any) -> None:
         raise DamagedEntry(tokenizer_file, "is missing") from None
     except (OSError, UnicodeDecodeError) as err:
         raise DamagedEntry(tokenizer_file, f"cannot be read ({type(err).__name__})") from None
-    if "tokenizer_sha256" in meta and text_hash(text) != meta["tokenizer_sha256"]:
+    if not isinstance(meta.get("tokenizer_sha256"), str):  # every entry records it: without it, nothing is checked
+        raise DamagedEntry(meta_file, "records no hash of tokenizer.json")
+    if text_hash(text) != meta["tokenizer_sha256"]:
         raise DamagedEntry(tokenizer_file, "is not the tokenizer the entry was made with (its hash differs)")
     # the model is made as large as meta.json's vocab_size: a smaller one would fail on the first token above it
     check_tokenizer_text(tokenizer_file, text, meta.get("vocab_size"))
@@ -187,6 +190,12 @@ def build_cache(root: str | os.PathLike, key: str, build: Callable[[Path], dict[
             raise wrong_kind(blocker) from None
         if err.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
             raise
+        if entry.exists():  # damaged (find_cache said so), and it cannot be made again here
+            raise DataError(
+                f"the token cache's entry {entry} is damaged and cannot be made again here: {err.filename} "
+                f"({err.strerror}); delete it (rm -r {shlex.quote(str(entry))}) as a user who may, or set "
+                "data.cache_dir to a folder you can write to"
+            ) from None
         raise DataError(
             f"the token cache has no entry for this data and tokenizer, and cannot be written to make one: "
             f"{err.filename} ({err.strerror}); make {Path(err.filename).parent} writable, or set data.cache_dir "

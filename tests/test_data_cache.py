@@ -407,6 +407,34 @@ def test_a_read_only_cache_serves_its_finished_entries_and_refuses_a_missing_one
     assert len(runs_under(tmp_path / "outputs")) == 1  # the served run's; none for the refused one
 
 
+@pytest.mark.slow
+def test_a_damaged_entry_in_a_read_only_cache_is_refused_with_the_command_to_delete_it(tmp_path, small_text):
+    cache = tmp_path / "cache"
+    cfg = compose_config(*TINY_OVERRIDES, f"data.path={small_text}", f"data.cache_dir={cache}")
+    entry = TextDataModule(cfg.data, cfg.tokenizer, cfg.model.block_size, cfg.seed, num_batches=1).prepare().folder
+    damage(entry, "truncated val.bin")
+    env = {**script_environment(None, None), "TINYGPT2_CACHE": str(cache)}
+    subprocess.run(["chmod", "-R", "a-w", str(cache)], check=True)
+    before = snapshot(cache)
+    try:
+        refused = subprocess.run(
+            as_a_user(script_command(("train.py", *TINY_OVERRIDES, f"data.path={small_text}"), tmp_path)),
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+        assert snapshot(cache) == before
+    finally:
+        subprocess.run(["chmod", "-R", "u+w", str(cache)], check=True)
+    assert refused.returncode == 1
+    assert one_error_line(refused.stderr).startswith(
+        f"error: the token cache's entry {entry} is damaged and cannot be made again here: "
+    )
+    assert f"delete it (rm -r {entry})" in refused.stderr
+    assert not (tmp_path / "outputs").exists()
+
+
 # ---- an entry is checked before it is used ---------------------------------------------------------------
 
 
@@ -423,6 +451,12 @@ def damage(entry, how: str) -> str:
         spec = json.loads((entry / "tokenizer.json").read_text(encoding="utf-8"))
         spec["model"]["merges"] = spec["model"]["merges"][:10]
         (entry / "tokenizer.json").write_text(json.dumps(spec), encoding="utf-8")
+    elif how == "tokenizer.json edited, its hash removed from meta.json":  # nothing left to check it against
+        spec = json.loads((entry / "tokenizer.json").read_text(encoding="utf-8"))
+        spec["model"]["merges"] = spec["model"]["merges"][::-1]
+        (entry / "tokenizer.json").write_text(json.dumps(spec), encoding="utf-8")
+        meta = json.loads((entry / "meta.json").read_text())
+        (entry / "meta.json").write_text(json.dumps({k: v for k, v in meta.items() if k != "tokenizer_sha256"}))
     elif how == "wrong dtype in meta.json":
         meta = json.loads((entry / "meta.json").read_text())
         (entry / "meta.json").write_text(json.dumps({**meta, "dtype": "float32"}))
@@ -441,6 +475,7 @@ DAMAGES = [
     "truncated val.bin",
     "truncated tokenizer.json",
     "cut-down tokenizer.json",
+    "tokenizer.json edited, its hash removed from meta.json",
     "wrong dtype in meta.json",
     "vocab_size edited in meta.json",
     "unreadable meta.json",

@@ -1166,6 +1166,19 @@ def test_a_folder_of_the_users_own_files_is_refused_and_left_as_it_was(small_tex
     assert snapshot(mine, itself=False) == before and (mine / "config.yaml").read_text() == "mine: true\n"
 
 
+def test_the_output_folder_of_another_hydra_program_is_refused_and_left_as_it_was(small_text, tmp_path):
+    """A folder holding only Hydra's record and a log, as any Hydra program leaves them: not this run's."""
+    theirs = tmp_path / "their_app"
+    (theirs / ".hydra").mkdir(parents=True)
+    (theirs / ".hydra" / "config.yaml").write_text("their: own\n")
+    (theirs / "train.log").write_text("their log\n")
+    before = snapshot(theirs, itself=False)
+    proc = run_script("train.py", *run_args(small_text), f"hydra.run.dir={theirs}", cwd=tmp_path)
+    assert proc.returncode == 1
+    assert "holds files that are not a run's (.hydra, train.log)" in one_error_line(proc.stderr)
+    assert snapshot(theirs, itself=False) == before
+
+
 def test_a_slurm_job_requeued_before_its_first_checkpoint_starts_again(small_text, reference, tmp_path):
     first = start_script(
         "train.py", *run_args(small_text), cwd=tmp_path, failpoint="kill:2", env={**os.environ, **SLURM}

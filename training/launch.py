@@ -222,7 +222,7 @@ class Launch(SweepLaunch):
                 "hydra.run.dir" if self.hydra.get("hydra.run.dir") else f"run folder of this job ({folder.path.name})"
             )
             if self.first:
-                folder.check_new(chosen_by, restarting=restarting)
+                folder.check_new(chosen_by, restarting=restarting, in_hydra=False)
             if self.first and self.claim_folders:
                 claim(folder, new=True)
                 if restarting and folder.clear_start():

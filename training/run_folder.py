@@ -146,16 +146,18 @@ class RunFolder:
         """The command that continues this run, quoted so that it can be pasted as it is printed."""
         return f"python {script('train.py')} {shlex.quote(f'resume={self.path}')}"
 
-    def other_files(self) -> list[str]:
-        """Names in the folder beyond what a run holds as it starts."""
+    def other_files(self, ours: tuple[str, ...] = STARTING_FILES) -> list[str]:
+        """Names in the folder beyond `ours`: by default, what a run holds as it starts."""
         if not self.path.is_dir():
             return []
-        return sorted(p.name for p in self.path.iterdir() if p.name not in self.STARTING_FILES)
+        return sorted(p.name for p in self.path.iterdir() if p.name not in ours)
 
-    def check_new(self, chosen_by: str = "hydra.run.dir", restarting: bool = False) -> None:
+    def check_new(self, chosen_by: str = "hydra.run.dir", restarting: bool = False, in_hydra: bool = True) -> None:
         """Refuse a folder a new run must not write into: one that holds a run, or anybody's files.
         `chosen_by`: the setting that named the folder, for the message. `restarting`: the folder is a
-        scheduler's job's own, restarted before its first checkpoint: that start may be taken over."""
+        scheduler's job's own, restarted before its first checkpoint: that start may be taken over.
+        `in_hydra`: Hydra has started this run, and its record and log in the folder are this run's;
+        before it starts they are somebody else's (another Hydra program's output folder)."""
         if self.path.exists() and not self.path.is_dir():
             raise RunFolderError(f"{chosen_by}={self.path}: that is a file, not a folder; choose a folder for the run")
         owner = self.held_by()
@@ -176,7 +178,7 @@ class RunFolder:
                 f"{self.path} holds a run that stopped before its first checkpoint, so it cannot be continued; "
                 f"delete the folder to start it again there, or pick a new {chosen_by}"
             )
-        other = [] if restarting else self.other_files()
+        other = [] if restarting else self.other_files(self.STARTING_FILES if in_hydra else (".lock",))
         if other:
             listed = ", ".join(other[:3]) + (", ..." if len(other) > 3 else "")
             raise RunFolderError(
