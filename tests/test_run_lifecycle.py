@@ -185,11 +185,14 @@ def test_a_contradicting_setting_beside_resume_is_refused(small_text, tmp_path):
         "logger=none": f"logger=none contradicts the run being resumed ({run}), whose logger is csv;",
         "optim.lr=1e-2": "optim.lr=0.01 contradicts",
         "seed=7": "seed=7 contradicts",
-        "model=nano": "model.n_embd=128 contradicts",  # the preset names every model setting
+        "model=nano": "model=nano (which sets model.n_embd=128) contradicts",  # the choice typed, and what it sets
+        "optim=muon": "optim=muon (which sets optim.",
+        "data=text": "data=text (which sets data.",  # not data.errors='strict', which the user never typed
         "experiment=shakespeare_char_cpu": "contradicts the run being resumed",
         "experiment=shakespeare_75s": "contradicts the run being resumed",  # even where it sets the defaults
         "tokenizer.vocab_size=400": "tokenizer.vocab_size=400 contradicts",
-        "data=pydoc": "contradicts the run being resumed",
+        "data=pydoc": f"data=pydoc (which sets data.batch_size=32) contradicts the run being resumed ({run}), whose "
+        "data.batch_size is 8;",  # the choice's own batch, where the run was given 8
         "tokens_per_step=512": "tokens_per_step=512 contradicts",
         "trainer.max_steps=5": "the run is already at step 6, past trainer.max_steps=5; give a larger trainer.max_steps",
         # the limits a continued run is compared against, of another type: named, where they were a TypeError

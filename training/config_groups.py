@@ -28,6 +28,13 @@ def is_group(name: str) -> bool:
     return bool(re.fullmatch(r"\w+", name)) and (CONFIG_DIR / name).is_dir()
 
 
+def group_choices(overrides: list[str]) -> dict[str, str]:
+    """The groups a command line chooses a file of (data=pydoc), by group: for naming the choice, not the
+    settings it expands to, where one is refused."""
+    chosen = (o.lstrip("+").split("=", 1) for o in overrides if "=" in o and not o.startswith("~"))
+    return {group: choice for group, choice in chosen if is_group(group)}
+
+
 def not_a_name(override: str) -> bool:
     """An override whose value Hydra reads as null, a truth value or a number: no choice of a group."""
     value = override.split("=", 1)[1].strip() if "=" in override else ""

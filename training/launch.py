@@ -17,7 +17,7 @@ from generation.checkpoint import CheckpointError, read_header
 
 from .checks import ABSENT, SettingError, check_writable, lookup
 from .command_line import SEARCH_GROUPS, CommandLineError, Composer, as_trainer_argument
-from .config_groups import named_settings
+from .config_groups import group_choices, named_settings
 from .errors import USER_ERRORS
 from .run_folder import (
     RunFolder,
@@ -166,7 +166,7 @@ class Launch(SweepLaunch):
         folder, checkpoint, _ = self.choose(requested, named)
         if checkpoint is None:  # resume=auto with no run of these settings: a new run, as Hydra shows it
             return None
-        values = continue_settings(checkpoint, requested, named).values
+        values = continue_settings(checkpoint, requested, named, group_choices(user)).values
         package = flag_word(self.args, ("--package", "-p"))
         if package:
             found = lookup(values, package)
@@ -244,7 +244,7 @@ class Launch(SweepLaunch):
     def resumed(self, folder: RunFolder, checkpoint: Path, requested: dict, named: list[str]) -> list[str]:
         """Continue the run at folder from checkpoint: its settings, with what the command line may
         change (checked now), the folder locked, Hydra's record of this command kept apart."""
-        continue_settings(checkpoint, requested, named)
+        continue_settings(checkpoint, requested, named, group_choices(self.user))
         if self.first:
             folder.check_continuable()
         if self.first and self.claim_folders:

@@ -416,18 +416,21 @@ class Continuation(NamedTuple):
     saved: dict[str, Any]  # the checkpoint's own settings, before the command line's changes
 
 
-def continue_settings(checkpoint: Path, requested: dict[str, Any], named: Iterable[str]) -> Continuation:
+def continue_settings(
+    checkpoint: Path, requested: dict[str, Any], named: Iterable[str], choices: dict[str, str] | None = None
+) -> Continuation:
     """The settings a run continues with, checked, before anything is made: its checkpoint's, with the
     named settings that may change taken from the command line (others that differ are refused), with
     steps left to train, on the data it started with, and what was chosen for the machine it started on
-    chosen again for this one."""
+    chosen again for this one. `choices`: the config groups the command line chose (data=pydoc), named
+    in a refusal of a setting they changed."""
     header = read_run_header(checkpoint)
     saved = dict(header["settings"])
     prepared = saved.pop(PREPARED, None)
     left_before = saved.pop(MACHINE_CHOSEN, None) or []  # runs saved before the list: keep their values
     run = checkpoint.parent.parent
     named = expand(named, requested, saved)
-    values = continue_values(saved, requested, named, run)
+    values = continue_values(saved, requested, named, run, choices or {})
     folder = RunFolder(run)
     finished = folder.is_finished()
     at_its_end = finished and step_of(folder.checkpoint_to_resume()) <= header["step"]  # not an earlier checkpoint
@@ -551,7 +554,7 @@ def final_model(model: dict[str, Any], tokenizer_vocab: int) -> GPTConfig:
 
 
 def continue_values(
-    saved: dict[str, Any], requested: dict[str, Any], named: Iterable[str], run: Path
+    saved: dict[str, Any], requested: dict[str, Any], named: Iterable[str], run: Path, choices: dict[str, str]
 ) -> dict[str, Any]:
     """The saved settings, with the named settings that may change on resume taken from the command
     line. A named setting that contradicts the saved run is refused, naming both values."""
@@ -568,7 +571,7 @@ def continue_values(
         if changeable(key) and not of_a_tracker_not_chosen(key, values):
             put(values, key, want)
         elif differs(key, want, have):
-            raise SettingError(contradiction(key, want, have, saved, requested, run))
+            raise SettingError(contradiction(key, want, have, saved, requested, run, choices))
     values["resume"] = requested.get("resume")
     if "latest_link" in named:  # else the link the run has always updated
         values["latest_link"] = requested.get("latest_link")
@@ -701,12 +704,25 @@ def differs(key: str, want: Any, have: Any) -> bool:
     return want != have or (type(want) is bool) != (type(have) is bool)
 
 
-def contradiction(key: str, want: Any, have: Any, saved: dict[str, Any], requested: dict[str, Any], run: Path) -> str:
+def contradiction(
+    key: str,
+    want: Any,
+    have: Any,
+    saved: dict[str, Any],
+    requested: dict[str, Any],
+    run: Path,
+    choices: dict[str, str] | None = None,
+) -> str:
     chosen, had = set(requested.get("logger") or {}), set(saved.get("logger") or {})
     tracker = key.split(".")[1] if key.startswith("logger.") else None
+    group = key.split(".")[0]
     # a tracker added or dropped; a setting of one the run has (logger.wandb.project) is named itself
     if (key == "logger" or (tracker and tracker not in chosen & had)) and chosen != had:
         given, key, have = f"logger={logger_choice(requested)}", "logger", logger_choice(saved)
+    elif group != "logger" and group in (choices or {}):  # data=pydoc: the choice typed, and what it changes
+        makes = f"leaves {key} unset" if want is ABSENT else f"sets {key}={shown(want)}"
+        given = f"{group}={choices[group]} (which {makes})"
+        have = "not set" if have is ABSENT else shown(have)
     else:
         given = f"~{key}" if want is ABSENT else f"{key}={shown(want)}"
         have = "not set" if have is ABSENT else shown(have)
