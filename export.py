@@ -46,6 +46,7 @@ from generation.cli import (
 from generation.output import OutputError, cannot_write, making_folders
 from model import GPT
 from model.hf import hf_config_dict, to_hf_state_dict
+from training.run_folder import RunFolder
 
 TOLERANCE = 1e-4
 FILES = (
@@ -309,12 +310,9 @@ def run_result(checkpoint: Path | None) -> dict:
     """The result.json of the run a checkpoint belongs to (whether it finished, its final metrics), if any."""
     if checkpoint is None:
         return {}
-    for folder in (checkpoint.parent, checkpoint.parent.parent):
-        try:
-            result = json.loads((folder / "result.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
-        return result if isinstance(result, dict) else {}
+    for folder in (RunFolder(checkpoint.parent), RunFolder(checkpoint.parent.parent)):
+        if (result := folder.read_result()) and isinstance(result, dict):
+            return result
     return {}
 
 

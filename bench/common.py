@@ -10,7 +10,6 @@ scripts end. Each script imports this module after putting the checkout first on
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -34,7 +33,9 @@ def shakespeare() -> Path:
 def finished_metrics(run: Path, what: str) -> dict[str, float]:
     """The final metrics a train.py run recorded in its result.json. A run that a signal sent to it
     alone stopped early exits 0 too, with no final validation: refused in one line."""
-    result = json.loads((run / "result.json").read_text())
+    from training.run_folder import RunFolder
+
+    result = RunFolder(run).read_result()
     if not result.get("finished"):
         raise SystemExit(f"error: {what} was stopped before its end (a signal sent to it); it has no figures")
     return result["metrics"]

@@ -253,7 +253,8 @@ class SweepLaunch:
         if numbered:
             return [RunFolder(folder / str(n)) for n in range(wanted)]
         # folders named by hydra.sweep.subdir: the runs found under the sweep, when there are as many
-        found = [RunFolder(p.parent) for p in sorted(folder.rglob("config.yaml")) if p.parent.name != ".hydra"]
+        saved = RunFolder(folder).settings_file.name
+        found = [RunFolder(p.parent) for p in sorted(folder.rglob(saved)) if p.parent.name != ".hydra"]
         found = [job for job in found if job.holds_run()]
         return found if len(found) == wanted and not any("glob(" in o for o in again.user) else []
 
