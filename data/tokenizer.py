@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -65,7 +66,13 @@ def train_bpe(texts: Iterable[str], vocab_size: int) -> Tokenizer:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=sys.stderr.isatty(),  # the library's own bars, through the merges, where someone watches
     )
-    tokenizer.train_from_iterator(reported(texts, vocab_size), trainer)
+    # off a terminal the library draws nothing through the merges: a line every REPORT_SECONDS says it works on
+    merging = Heartbeat("tokenizer: still learning merges, %d s so far") if not sys.stderr.isatty() else None
+    try:
+        tokenizer.train_from_iterator(reported(texts, vocab_size, merging), trainer)
+    finally:
+        if merging is not None:
+            merging.stop()
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     if tokenizer.get_vocab_size() < vocab_size:  # every pair of the text merged: the model is sized to what there is
         log.warning(
@@ -88,9 +95,34 @@ def training_pre_tokenizer() -> pre_tokenizers.PreTokenizer:
     )
 
 
-def reported(texts: Iterable[str], vocab_size: int) -> Iterator[str]:
+class Heartbeat:
+    """Once started, a log line every REPORT_SECONDS (`message` % seconds since the start) until stopped:
+    a sign of life from work in a library that says nothing (it runs while the library holds no GIL)."""
+
+    def __init__(self, message: str):
+        self.message = message
+        self.stopped = threading.Event()
+        self.thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        started = time.monotonic()
+
+        def beat() -> None:
+            while not self.stopped.wait(REPORT_SECONDS):
+                log.info(self.message, time.monotonic() - started)
+
+        self.thread = threading.Thread(target=beat, name="heartbeat", daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.stopped.set()
+        if self.thread is not None:
+            self.thread.join()
+
+
+def reported(texts: Iterable[str], vocab_size: int, then: Heartbeat | None = None) -> Iterator[str]:
     """texts, passed on as they are; says every REPORT_SECONDS how much has been read, and at the end
-    how much the merges are learnt from."""
+    how much the merges are learnt from (and starts `then`, for the merges)."""
     started = last_report = time.monotonic()
     chars = 0
     for text in texts:
@@ -105,6 +137,8 @@ def reported(texts: Iterable[str], vocab_size: int) -> Iterator[str]:
         f"{chars:,}",
         time.monotonic() - started,
     )
+    if then is not None:
+        then.start()
 
 
 def train_char(texts: Iterable[str]) -> Tokenizer:

@@ -11,6 +11,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from omegaconf import OmegaConf
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 import data.shards
+import data.tokenizer
 from data.prepare import prepare_corpus
 from data.shards import SPLITS, ShardEncoder
 from data.tokenizer import EOT, TRAIN_RUN, train_bpe, train_char, training_pre_tokenizer
@@ -71,6 +73,18 @@ def test_bpe_learns_from_a_megabyte_without_spaces_and_encodes_it_back(tmp_path,
         "trim_offsets": True,
         "use_regex": True,
     }
+
+
+def test_bpe_training_says_it_is_still_learning_merges_off_a_terminal(monkeypatch, caplog):
+    """In a log file, where the library draws no bars, merges that take long are not silence."""
+    monkeypatch.setattr(data.tokenizer, "REPORT_SECONDS", 0.05)
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: False)
+    with caplog.at_level(logging.INFO, logger="data.tokenizer"):
+        train_bpe([text_without_spaces("DNA")], 2048)
+    beats = [r.getMessage() for r in caplog.records if "still learning merges" in r.getMessage()]
+    learning = next(i for i, r in enumerate(caplog.records) if "learning 2048 byte-level BPE tokens" in r.getMessage())
+    assert beats and all(i > learning for i, r in enumerate(caplog.records) if "still learning" in r.getMessage())
+    assert not [t for t in threading.enumerate() if t.name == "heartbeat"]  # stopped with the training
 
 
 def test_bpe_of_ordinary_text_is_the_one_whole_words_give(small_text):
