@@ -20,6 +20,9 @@ import signal
 if __name__ == "__main__":
     gc.disable()
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+    from training.lean_imports import skip_unused_torchmetrics_imports
+
+    skip_unused_torchmetrics_imports()  # transformers and matplotlib: imported where used, not with Lightning
 
 import logging
 import math
