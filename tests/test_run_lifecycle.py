@@ -1182,6 +1182,30 @@ def test_the_output_folder_of_another_hydra_program_is_refused_and_left_as_it_wa
     assert snapshot(theirs, itself=False) == before
 
 
+@pytest.mark.parametrize(
+    "record",
+    [
+        "runs_root: outputs\ntokens_per_step: null\n",  # a start of this run killed before it saved anything
+        "model:\n  n_layer: 2\n  n_head",  # being written by another process of the launch (torchrun)
+        "",  # made, not yet written
+        None,  # .hydra made, its files not yet
+    ],
+)
+def test_hydra_record_of_this_project_in_a_new_run_folder_is_taken_as_its_own(record, tmp_path):
+    """Before Hydra starts, a folder holding only Hydra's record and log is refused only where the record
+    is another program's: torchrun's other ranks write theirs into the shared folder as the first checks."""
+    folder = tmp_path / "run"
+    (folder / ".hydra").mkdir(parents=True)
+    if record is not None:
+        (folder / ".hydra" / "config.yaml").write_text(record)
+    (folder / "train.log").write_text("")
+    RunFolder(folder).check_new("hydra.run.dir", in_hydra=False)
+    (folder / ".hydra" / "config.yaml").write_text("db:\n  driver: mysql\n")  # another Hydra program's
+    with pytest.raises(RunFolderError, match=r"holds files that are not a run's \(\.hydra, train\.log\)"):
+        RunFolder(folder).check_new("hydra.run.dir", in_hydra=False)
+    RunFolder(folder).check_new("run_dir")  # once Hydra has started this run, its record is the run's own
+
+
 def test_a_slurm_job_requeued_before_its_first_checkpoint_starts_again(small_text, reference, tmp_path):
     first = start_script(
         "train.py", *run_args(small_text), cwd=tmp_path, failpoint="kill:2", env={**os.environ, **SLURM}

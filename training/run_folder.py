@@ -45,6 +45,7 @@ class RunFolderError(ValueError):
 LOG_NAME = "train.log"  # the run's log, written by Hydra's file handler
 HYDRA_FILES = (".hydra", LOG_NAME)  # Hydra's record of the command line, and the log
 SETTINGS_MARK = "prepared_data"  # a key of the saved settings that marks config.yaml as a run's
+OWN_CONFIG_KEYS = ("runs_root", "tokens_per_step")  # top-level settings of configs/train.yaml: Hydra's record of ours
 SWEEPS_ROOT = "multirun"  # where sweeps go, a folder each
 SWEEP_RECORD = "multirun.yaml"  # Hydra's record of a sweep's command line, at the root of its folder
 
@@ -157,7 +158,8 @@ class RunFolder:
         `chosen_by`: the setting that named the folder, for the message. `restarting`: the folder is a
         scheduler's job's own, restarted before its first checkpoint: that start may be taken over.
         `in_hydra`: Hydra has started this run, and its record and log in the folder are this run's;
-        before it starts they are somebody else's (another Hydra program's output folder)."""
+        before it starts they may also be another process's of the same launch (torchrun's ranks start
+        Hydra together), or of a start of this run that was killed, but not another Hydra program's."""
         if self.path.exists() and not self.path.is_dir():
             raise RunFolderError(f"{chosen_by}={self.path}: that is a file, not a folder; choose a folder for the run")
         owner = self.held_by()
@@ -178,13 +180,25 @@ class RunFolder:
                 f"{self.path} holds a run that stopped before its first checkpoint, so it cannot be continued; "
                 f"delete the folder to start it again there, or pick a new {chosen_by}"
             )
-        other = [] if restarting else self.other_files(self.STARTING_FILES if in_hydra else (".lock",))
+        theirs = not in_hydra and self.hydra_record_of_another_program()
+        other = [] if restarting else self.other_files((".lock",) if theirs else self.STARTING_FILES)
         if other:
             listed = ", ".join(other[:3]) + (", ..." if len(other) > 3 else "")
             raise RunFolderError(
                 f"{chosen_by}={self.path} holds files that are not a run's ({listed}); a run writes config.yaml, "
                 "metrics.csv, checkpoints/ and more there, so choose a new or empty folder"
             )
+
+    def hydra_record_of_another_program(self) -> bool:
+        """Whether .hydra/config.yaml is another Hydra program's: a whole mapping (written to its last
+        newline) without this project's top-level settings. One not there yet, empty or being written is
+        not taken for another's: the first process of a launch may be writing it."""
+        try:
+            text = (self.path / ".hydra" / "config.yaml").read_text(encoding="utf-8")
+            config = yaml.safe_load(text) if text.endswith("\n") else None
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            return False
+        return isinstance(config, dict) and bool(config) and not any(key in config for key in OWN_CONFIG_KEYS)
 
     def check_continuable(self) -> None:
         """Before a run is continued, and before anything in its folder changes: the folder, and each file
