@@ -188,6 +188,9 @@ def test_a_contradicting_setting_beside_resume_is_refused(small_text, tmp_path):
         "model=nano": "model=nano (which sets model.n_embd=128) contradicts",  # the choice typed, and what it sets
         "optim=muon": "optim=muon (which sets optim.",
         "data=text": "data=text (which sets data.",  # not data.errors='strict', which the user never typed
+        # a setting typed beside its group's choice is named itself, not blamed on the choice
+        "data=pydoc data.batch_size=16": "data.batch_size=16 contradicts the run being resumed",
+        "optim=adamw optim.lr=0.5": "optim.lr=0.5 contradicts the run being resumed",
         "experiment=shakespeare_char_cpu": "contradicts the run being resumed",
         "experiment=shakespeare_75s": "contradicts the run being resumed",  # even where it sets the defaults
         "tokenizer.vocab_size=400": "tokenizer.vocab_size=400 contradicts",

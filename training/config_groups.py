@@ -28,11 +28,13 @@ def is_group(name: str) -> bool:
     return bool(re.fullmatch(r"\w+", name)) and (CONFIG_DIR / name).is_dir()
 
 
-def group_choices(overrides: list[str]) -> dict[str, str]:
-    """The groups a command line chooses a file of (data=pydoc), by group: for naming the choice, not the
-    settings it expands to, where one is refused."""
-    chosen = (o.lstrip("+").split("=", 1) for o in overrides if "=" in o and not o.startswith("~"))
-    return {group: choice for group, choice in chosen if is_group(group)}
+def group_choices(overrides: list[str]) -> dict[str, str | None]:
+    """The settings a command line sets through a group's file (data=pydoc) and not by their own key
+    (data.batch_size=16), by the group: what a refusal names for them, a choice typed instead of the
+    settings it expands to. Keys: groups, or dotted settings set by their own key (their value None)."""
+    given = [o.lstrip("+").split("=", 1) for o in overrides if "=" in o and not o.startswith("~")]
+    chosen = {group: choice for group, choice in given if is_group(group)}
+    return {**chosen, **{key: None for key, _ in given if "." in key and key.split(".")[0] in chosen}}
 
 
 def not_a_name(override: str) -> bool:

@@ -417,7 +417,7 @@ class Continuation(NamedTuple):
 
 
 def continue_settings(
-    checkpoint: Path, requested: dict[str, Any], named: Iterable[str], choices: dict[str, str] | None = None
+    checkpoint: Path, requested: dict[str, Any], named: Iterable[str], choices: dict[str, str | None] | None = None
 ) -> Continuation:
     """The settings a run continues with, checked, before anything is made: its checkpoint's, with the
     named settings that may change taken from the command line (others that differ are refused), with
@@ -554,7 +554,7 @@ def final_model(model: dict[str, Any], tokenizer_vocab: int) -> GPTConfig:
 
 
 def continue_values(
-    saved: dict[str, Any], requested: dict[str, Any], named: Iterable[str], run: Path, choices: dict[str, str]
+    saved: dict[str, Any], requested: dict[str, Any], named: Iterable[str], run: Path, choices: dict[str, str | None]
 ) -> dict[str, Any]:
     """The saved settings, with the named settings that may change on resume taken from the command
     line. A named setting that contradicts the saved run is refused, naming both values."""
@@ -711,7 +711,7 @@ def contradiction(
     saved: dict[str, Any],
     requested: dict[str, Any],
     run: Path,
-    choices: dict[str, str] | None = None,
+    choices: dict[str, str | None] | None = None,
 ) -> str:
     chosen, had = set(requested.get("logger") or {}), set(saved.get("logger") or {})
     tracker = key.split(".")[1] if key.startswith("logger.") else None
@@ -719,7 +719,7 @@ def contradiction(
     # a tracker added or dropped; a setting of one the run has (logger.wandb.project) is named itself
     if (key == "logger" or (tracker and tracker not in chosen & had)) and chosen != had:
         given, key, have = f"logger={logger_choice(requested)}", "logger", logger_choice(saved)
-    elif group != "logger" and group in (choices or {}):  # data=pydoc: the choice typed, and what it changes
+    elif group != "logger" and chosen_for(key, choices or {}):  # data=pydoc: the choice typed, and what it changes
         makes = f"leaves {key} unset" if want is ABSENT else f"sets {key}={shown(want)}"
         given = f"{group}={choices[group]} (which {makes})"
         have = "not set" if have is ABSENT else shown(have)
@@ -730,6 +730,14 @@ def contradiction(
         f"{given} contradicts the run being resumed ({run}), whose {key} is {have}; leave it out to continue "
         "the run as it was, or start a new run without resume= (README: Interrupted runs, and resuming)"
     )
+
+
+def chosen_for(key: str, choices: dict[str, str | None]) -> bool:
+    """Whether key got its value from a group choice of the command line (config_groups.group_choices),
+    not from a setting of its own key (or of a key above it) typed beside the choice."""
+    parts = key.split(".")
+    typed = any(choices.get(".".join(parts[:n]), "") is None for n in range(2, len(parts) + 1))
+    return bool(choices.get(parts[0])) and not typed
 
 
 def logger_choice(values: dict[str, Any]) -> str:
