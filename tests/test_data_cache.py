@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import multiprocessing
@@ -369,37 +370,47 @@ def as_a_user(command: list[str]) -> list[str]:
     return ["setpriv", "--bounding-set=-dac_override,-dac_read_search,-fowner", *command]
 
 
+def prepared_entry(cache, small_text):
+    """The cache entry of the tiny runs on small_text, prepared in cache."""
+    cfg = compose_config(*TINY_OVERRIDES, f"data.path={small_text}", f"data.cache_dir={cache}")
+    return TextDataModule(cfg.data, cfg.tokenizer, cfg.model.block_size, cfg.seed, num_batches=1).prepare().folder
+
+
+@contextlib.contextmanager
+def read_only(folder):
+    """folder and everything in it read-only while the block runs, and unchanged by it (asserted)."""
+    subprocess.run(["chmod", "-R", "a-w", str(folder)], check=True)
+    before = snapshot(folder)
+    try:
+        yield
+        assert snapshot(folder) == before
+    finally:
+        subprocess.run(["chmod", "-R", "u+w", str(folder)], check=True)
+
+
+def train_as_a_user(tmp_path, cache, *overrides: str) -> subprocess.CompletedProcess:
+    """train.py run from tmp_path with the token cache at cache, bound by file permissions (as_a_user)."""
+    return subprocess.run(
+        as_a_user(script_command(("train.py", *overrides), tmp_path)),
+        cwd=tmp_path,
+        env={**script_environment(None, None), "TINYGPT2_CACHE": str(cache)},
+        capture_output=True,
+        text=True,
+    )
+
+
 @pytest.mark.slow
 def test_a_read_only_cache_serves_its_finished_entries_and_refuses_a_missing_one_in_one_line(tmp_path, small_text):
     """A cache prepared once and shared read-only was refused as a whole, though a run whose entry it
     holds writes nothing in it."""
     cache = tmp_path / "cache"
-    cfg = compose_config(*TINY_OVERRIDES, f"data.path={small_text}", f"data.cache_dir={cache}")
-    TextDataModule(cfg.data, cfg.tokenizer, cfg.model.block_size, cfg.seed, num_batches=1).prepare()
-    env = {**script_environment(None, None), "TINYGPT2_CACHE": str(cache)}
-    subprocess.run(["chmod", "-R", "a-w", str(cache)], check=True)
-    before = snapshot(cache)
-    try:
-        run = [*TINY_OVERRIDES, f"data.path={small_text}"]
-        served = subprocess.run(
-            as_a_user(script_command(("train.py", *run), tmp_path)),
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-        )
+    prepared_entry(cache, small_text)
+    run = [*TINY_OVERRIDES, f"data.path={small_text}"]
+    with read_only(cache):
+        served = train_as_a_user(tmp_path, cache, *run)
         assert served.returncode == 0, served.stderr[-2000:]
         assert "using cached tokens" in served.stdout + served.stderr
-        refused = subprocess.run(
-            as_a_user(script_command(("train.py", *run, "tokenizer.vocab_size=320"), tmp_path)),
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-        )
-        assert snapshot(cache) == before
-    finally:
-        subprocess.run(["chmod", "-R", "u+w", str(cache)], check=True)
+        refused = train_as_a_user(tmp_path, cache, *run, "tokenizer.vocab_size=320")
     assert refused.returncode == 1
     assert one_error_line(refused.stderr).startswith(
         "error: the token cache has no entry for this data and tokenizer, and cannot be written to make one: "
@@ -410,23 +421,10 @@ def test_a_read_only_cache_serves_its_finished_entries_and_refuses_a_missing_one
 @pytest.mark.slow
 def test_a_damaged_entry_in_a_read_only_cache_is_refused_with_the_command_to_delete_it(tmp_path, small_text):
     cache = tmp_path / "cache"
-    cfg = compose_config(*TINY_OVERRIDES, f"data.path={small_text}", f"data.cache_dir={cache}")
-    entry = TextDataModule(cfg.data, cfg.tokenizer, cfg.model.block_size, cfg.seed, num_batches=1).prepare().folder
+    entry = prepared_entry(cache, small_text)
     damage(entry, "truncated val.bin")
-    env = {**script_environment(None, None), "TINYGPT2_CACHE": str(cache)}
-    subprocess.run(["chmod", "-R", "a-w", str(cache)], check=True)
-    before = snapshot(cache)
-    try:
-        refused = subprocess.run(
-            as_a_user(script_command(("train.py", *TINY_OVERRIDES, f"data.path={small_text}"), tmp_path)),
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-        )
-        assert snapshot(cache) == before
-    finally:
-        subprocess.run(["chmod", "-R", "u+w", str(cache)], check=True)
+    with read_only(cache):
+        refused = train_as_a_user(tmp_path, cache, *TINY_OVERRIDES, f"data.path={small_text}")
     assert refused.returncode == 1
     assert one_error_line(refused.stderr).startswith(
         f"error: the token cache's entry {entry} is damaged and cannot be made again here: "
