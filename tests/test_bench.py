@@ -10,7 +10,7 @@ import subprocess
 import pytest
 import torch
 
-from .common import run_script, script_environment, start_script, stop_at
+from .common import TINY_OVERRIDES, one_error_line, run_script, script_environment, start_script, stop_at, validations
 
 
 def plays(path, speeches: int = 2000):
@@ -146,3 +146,43 @@ def test_precision_benchmark_prints_its_table():
     assert header.startswith(f"torch {torch.__version__}") and "AMX bf16: " in header
     assert columns == "| shape | fp32 | bf16 autocast | bf16 / fp32 | last-loss gap |"
     assert row.startswith("| nano: 4/4/128, context 32, batch 32 | ")
+
+
+@pytest.mark.slow
+def test_context_use_scores_the_newest_run_as_its_validation_did_and_position_by_position(tmp_path):
+    """`python bench/context_use.py` after `python train.py`, from the same folder: the run it reads is
+    outputs/latest, its "all" row is the loss the run's validation logged for the checkpoint it reads
+    (the best), and windows a whole context apart score every token as that validation did."""
+    tiny = [a for a in TINY_OVERRIDES if a not in ("latest_link=null", "trainer.limit_val_batches=4")]
+    trained = run_script("train.py", *tiny, f"data.path={plays(tmp_path / 'plays.txt')}")
+    assert trained.returncode == 0, trained.stderr
+    proc = run_script("bench/context_use.py")
+    assert proc.returncode == 0, proc.stderr
+    rows = dict(line.split(None, 1) for line in proc.stdout.splitlines()[2:-1])
+    assert list(rows)[:5] == ["0", "1", "2", "3", "4-7"] and list(rows)[-2:] == ["16-31", "all"]
+    best = min(float(loss) for loss in validations(tmp_path / "outputs" / "latest").values())
+    assert float(rows["all"].split()[0]) == pytest.approx(best, rel=1e-5)
+    strided = float(re.search(r"val loss (\S+),", proc.stdout.splitlines()[-1]).group(1))
+    assert strided < float(rows["0"].split()[0])  # the first position, predicted from nothing, is the worst
+    whole = run_script("bench/context_use.py", "--ckpt", "outputs/latest", "--stride", "32")
+    assert float(re.search(r"val loss (\S+),", whole.stdout.splitlines()[-1]).group(1)) == pytest.approx(
+        float(rows["all"].split()[0]), rel=1e-6
+    )
+    refused = run_script("bench/context_use.py", "--stride", "0")
+    assert refused.returncode == 1
+    assert refused.stderr.strip() == "error: --stride must be between 1 and the context, 32 tokens; got 0"
+    missing = run_script("bench/context_use.py", "--ckpt", "nowhere")
+    assert missing.returncode == 1
+    assert one_error_line(missing.stderr).startswith("error: checkpoint nowhere does not exist")
+    (tmp_path / "plays.txt").unlink()  # the run's text is gone: its tokens are not read unchecked
+    gone = run_script("bench/context_use.py")
+    assert gone.returncode == 1
+    assert str(tmp_path / "plays.txt") in one_error_line(gone.stderr)
+
+
+def test_context_use_refuses_a_hugging_face_folder_in_one_line(transformers_folder):
+    proc = run_script("bench/context_use.py", "--ckpt", str(transformers_folder))
+    assert proc.returncode == 1
+    assert one_error_line(proc.stderr) == (
+        f"error: {transformers_folder} carries no run settings: it names no validation split to score"
+    )
