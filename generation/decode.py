@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import sys
 import warnings
 import weakref
 from collections.abc import Iterable, Iterator
@@ -59,7 +60,6 @@ def one_token_step(model: GPT, batch_size: int):
     return OneTokenStep(model)
 
 
-@torch.inference_mode()  # cheaper per operation than no_grad, which counts for one token at a time
 def stream(
     model: GPT,
     idx: torch.Tensor,
@@ -98,35 +98,41 @@ def stream(
     finished_with = torch.full((idx.size(0),), -1, dtype=torch.long, device=idx.device)  # -1: still going
     block_size = model.config.block_size
     keep = max(1, block_size // 2)
-    tokens = torch.empty(idx.size(0), idx.size(1) + max_new_tokens, dtype=idx.dtype, device=idx.device)
-    tokens[:, : idx.size(1)] = idx
+    # Each stretch of work between two yields runs in inference mode (cheaper per operation than
+    # no_grad, which counts for one token at a time); the caller's code between them does not.
+    with torch.inference_mode():
+        tokens = torch.empty(idx.size(0), idx.size(1) + max_new_tokens, dtype=idx.dtype, device=idx.device)
+        tokens[:, : idx.size(1)] = idx
+        step = one_token_step(model, idx.size(0)) if use_cache else None
     total = idx.size(1)  # tokens so far
     window_start = max(0, total - block_size)  # first token of the current window: a long prompt's last block_size
     cached = 0  # how many tokens of the window the cache holds
-    step = one_token_step(model, idx.size(0)) if use_cache else None
     try:
         for _ in range(max_new_tokens):
-            if total - window_start > block_size:
-                window_start, cached = total - keep, 0
-            if step is not None and total - window_start - cached == 1:
-                logits = step(tokens[:, total - 1], pos=cached)
-            elif use_cache:  # prefill: the prompt, or the window after a slide
-                logits = model.last_logits(tokens[:, window_start + cached : total], start_pos=cached)
-            else:
-                logits = model.last_logits(tokens[:, window_start:total])
-            cached = total - window_start
-            next_token = sample(logits, temperature, top_k, top_p, generator)
-            if has_stops:
-                done = finished_with >= 0
-                next_token = torch.where(done, finished_with, next_token)
-                finished_with = torch.where(~done & torch.isin(next_token, stops), next_token, finished_with)
-            tokens[:, total] = next_token
-            total += 1
+            with torch.inference_mode():
+                if total - window_start > block_size:
+                    window_start, cached = total - keep, 0
+                if step is not None and total - window_start - cached == 1:
+                    logits = step(tokens[:, total - 1], pos=cached)
+                elif use_cache:  # prefill: the prompt, or the window after a slide
+                    logits = model.last_logits(tokens[:, window_start + cached : total], start_pos=cached)
+                else:
+                    logits = model.last_logits(tokens[:, window_start:total])
+                cached = total - window_start
+                next_token = sample(logits, temperature, top_k, top_p, generator)
+                if has_stops:
+                    done = finished_with >= 0
+                    next_token = torch.where(done, finished_with, next_token)
+                    finished_with = torch.where(~done & torch.isin(next_token, stops), next_token, finished_with)
+                tokens[:, total] = next_token
+                total += 1
             yield next_token
             if has_stops and bool((finished_with >= 0).all()):
                 break
     finally:
-        if use_cache:
+        # A stream left unfinished until the interpreter exits is closed while torch's modules are being
+        # torn down; the process drops the caches with everything else then.
+        if use_cache and not sys.is_finalizing():
             model.clear_kv_cache()
 
 

@@ -106,6 +106,31 @@ def test_stop_tokens_end_each_row_and_the_stream(tiny_gpt):
             assert set(row[hits[0] :]) == {row[hits[0]]}
 
 
+
+def test_a_stream_runs_its_steps_in_inference_mode_and_leaves_the_callers_code_out_of_it(tiny_gpt):
+    tokens = tiny_gpt.stream(torch.tensor([[5, 9]]), 3, temperature=0)
+    for token in tokens:
+        assert token.is_inference()
+        assert not torch.is_inference_mode_enabled()  # between two steps, the caller's own code runs
+
+
+def test_a_stream_left_unfinished_until_the_program_ends_says_nothing_at_exit(tmp_path):
+    """Python closes a generator still open at exit while torch's modules are being torn down: the
+    stream's cleanup then raised there, printed as 'Exception ignored in: <generator object stream>'."""
+    script = (
+        "import torch\n"
+        "from model import GPT, GPTConfig\n"
+        "gpt = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=50)).eval()\n"
+        "tokens = gpt.stream(torch.zeros(1, 1, dtype=torch.long), 10)\n"
+        "print(next(tokens).shape)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300, env=os.environ
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "torch.Size([1])\n"
+    assert proc.stderr == ""
+
 def test_stop_strings_cut_before_the_string_even_across_pieces():
     stops = StopStrings(["\n\n", "END"])
     pieces = ["Hello", " wor", "ld\n", "\nmore text"]
