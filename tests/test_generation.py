@@ -106,7 +106,6 @@ def test_stop_tokens_end_each_row_and_the_stream(tiny_gpt):
             assert set(row[hits[0] :]) == {row[hits[0]]}
 
 
-
 def test_a_stream_runs_its_steps_in_inference_mode_and_leaves_the_callers_code_out_of_it(tiny_gpt):
     tokens = tiny_gpt.stream(torch.tensor([[5, 9]]), 3, temperature=0)
     for token in tokens:
@@ -130,6 +129,7 @@ def test_a_stream_left_unfinished_until_the_program_ends_says_nothing_at_exit(tm
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "torch.Size([1])\n"
     assert proc.stderr == ""
+
 
 def test_stop_strings_cut_before_the_string_even_across_pieces():
     stops = StopStrings(["\n\n", "END"])
