@@ -41,7 +41,7 @@ from generation.cli import (
     whole_number,
 )
 from generation.output import OutputError, cannot_write
-from generation.session import Completion, PromptError, Sampling, Session
+from generation.session import Completion, PromptError, Sampling, Session, not_utf8
 from generation.text import token_label, visible
 
 
@@ -119,6 +119,10 @@ def check_args(args: argparse.Namespace) -> None:
         raise UsageError(f"--top-p must be in (0, 1], got {args.top_p}; 1 keeps every token")
     if any(stop == "" for stop in args.stop):
         raise UsageError("--stop needs a non-empty string, e.g. --stop $'\\n\\n'")
+    for stop in args.stop:
+        wrong = not_utf8(stop)
+        if wrong:  # the samples are text: a stop string of other bytes would never be met
+            raise UsageError(f"a --stop string is not valid UTF-8: {wrong}; give it as UTF-8 text")
     if args.attention_png is not None:
         check_output_file(args.attention_png)
 

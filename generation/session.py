@@ -44,15 +44,22 @@ def encode_prompt(tokenizer: Tokenizer, prompt: str, start_token: int | None) ->
 
 
 def check_text(prompt: str) -> None:
-    """Refuse text that is not Unicode: bytes that were not UTF-8 reach Python as lone surrogates."""
+    """Refuse a prompt that is not Unicode text (see `not_utf8`)."""
+    wrong = not_utf8(prompt)
+    if wrong:
+        raise PromptError(f"the prompt is not valid UTF-8: {wrong}; save or type it as UTF-8 text")
+
+
+def not_utf8(text: str) -> str | None:
+    """Where text is not Unicode, in words (None where it is): bytes that were not UTF-8 reach Python
+    from a file or the command line as lone surrogates."""
     try:
-        prompt.encode("utf-8")
+        text.encode("utf-8")
     except UnicodeEncodeError as err:
-        bad = prompt[err.start : err.end]
+        bad = text[err.start : err.end]
         raw = " ".join(f"0x{ord(c) - 0xDC00:02x}" if 0xDC80 <= ord(c) <= 0xDCFF else repr(c) for c in bad)
-        raise PromptError(
-            f"the prompt is not valid UTF-8: byte(s) {raw} at character {err.start + 1}; save or type it as UTF-8 text"
-        ) from None
+        return f"byte(s) {raw} at character {err.start + 1}"
+    return None
 
 
 def unknown_characters(tokenizer: Tokenizer, prompt: str, encoding) -> list[str]:

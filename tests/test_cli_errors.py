@@ -65,6 +65,10 @@ def no_start_token_run(tmp_path_factory, tiny_text) -> Path:
         (["--seed", "-1"], "--seed must be from 0 to"),
         (["--seed", str(2**64)], "--seed must be from 0 to"),
         (["--stop", ""], "--stop needs a non-empty string"),
+        (
+            ["--stop", "END\udcff"],
+            "a --stop string is not valid UTF-8: byte(s) 0xff at character 4; give it as UTF-8 text",
+        ),
         (["--device", "nonsense"], "--device nonsense is not a device"),
         (["--device", "meta"], "--device meta is not a device generate.py runs on"),
         (["--device", "xpu"], "--device xpu is not a device generate.py runs on"),
