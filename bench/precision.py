@@ -27,7 +27,7 @@ from model import GPT, GPTConfig  # noqa: E402
 from training.optim import make_adamw  # noqa: E402
 
 SHAPES = {  # (layers, heads, width, context, batch)
-    "nano": (4, 4, 128, 32, 32),  # python train.py's model and batch
+    "nano": (4, 6, 192, 32, 32),  # python train.py's model and batch
     "baby": (6, 6, 384, 256, 8),  # experiment=shakespeare_baby's model, a CPU-sized batch
 }
 VOCAB = 1024

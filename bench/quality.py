@@ -32,9 +32,9 @@ SHAKESPEARE = common.shakespeare()
 # The default run before the search of bench/README.md ("Quality for time"), written out, so that the
 # current default is measured beside it on any text.
 PREVIOUS_DEFAULT = (
-    "model.n_layer=3 model.n_head=3 model.n_embd=96 model.block_size=32 model.dropout=0.0 tokenizer.vocab_size=1024 "
-    "data.batch_size=32 optim=adamw optim.lr=4e-3 optim.weight_decay=0.1 optim.warmup_steps=50 optim.min_lr_ratio=0.1 "
-    "trainer.max_steps=6000 trainer.val_check_interval=500"
+    "model.n_layer=4 model.n_head=4 model.n_embd=128 model.block_size=32 model.dropout=0.0 tokenizer.vocab_size=1024 "
+    "data.batch_size=32 optim=adamw optim.lr=3e-3 optim.weight_decay=0.1 optim.warmup_steps=50 optim.min_lr_ratio=0.1 "
+    "trainer.max_steps=3000 trainer.val_check_interval=500"
 )
 
 BUDGETS = {

@@ -145,7 +145,7 @@ def test_precision_benchmark_prints_its_table():
     header, columns, rule, row = proc.stdout.strip().splitlines()
     assert header.startswith(f"torch {torch.__version__}") and "AMX bf16: " in header
     assert columns == "| shape | fp32 | bf16 autocast | bf16 / fp32 | last-loss gap |"
-    assert row.startswith("| nano: 4/4/128, context 32, batch 32 | ")
+    assert row.startswith("| nano: 4/6/192, context 32, batch 32 | ")
 
 
 @pytest.mark.slow

@@ -185,7 +185,7 @@ def test_a_contradicting_setting_beside_resume_is_refused(small_text, tmp_path):
         "logger=none": f"logger=none contradicts the run being resumed ({run}), whose logger is csv;",
         "optim.lr=1e-2": "optim.lr=0.01 contradicts",
         "seed=7": "seed=7 contradicts",
-        "model=nano": "model=nano (which sets model.n_embd=128) contradicts",  # the choice typed, and what it sets
+        "model=nano": "model=nano (which sets model.n_embd=192) contradicts",  # the choice typed, and what it sets
         "optim=muon": "optim=muon (which sets optim.",
         "data=text": "data=text (which sets data.",  # not data.errors='strict', which the user never typed
         # a setting typed beside its group's choice is named itself, not blamed on the choice
