@@ -49,7 +49,7 @@ def test_each_experiment_composes_into_settings_that_pass_the_checks(experiment)
 def test_whole_numbers_written_as_floats_become_ints_for_the_model_too():
     """model.n_embd=1.28e2 is 128, as seed=1e3 is 1000: the settings keep ints, so the saved config and
     the model built from it hold 128, not 128.0."""
-    cfg = compose_config("model.n_embd=1.28e2", "model.n_layer=2.0", "seed=1e3")
+    cfg = compose_config("model.n_embd=1.28e2", "model.n_head=4", "model.n_layer=2.0", "seed=1e3")
     values = check_values(OmegaConf.to_container(cfg, resolve=True))
     assert (values["model"]["n_embd"], values["model"]["n_layer"], values["seed"]) == (128, 2, 1000)
     assert all(type(v) is int for v in (values["model"]["n_embd"], values["model"]["n_layer"], values["seed"]))
