@@ -9,8 +9,8 @@ Validation during training cuts the validation split into windows of block_size 
 overlap, so the first token of each is predicted from nothing and the last from block_size - 1 tokens;
 val/bpc is the mean over all of them. This script reads the run's own prepared validation tokens (the
 token cache), scores the same windows position by position, then windows `stride` tokens apart of which
-only the last `stride` positions count: every token once, each with at least block_size - stride
-tokens before it. Where the loss stops falling with the position, more context gives the model nothing.
+only the last `stride` positions count: each token once (but for the split's first block_size -
+stride and its last few), with at least block_size - stride tokens before it. Where the loss stops falling with the position, more context gives the model nothing.
 """
 
 from __future__ import annotations
@@ -64,13 +64,13 @@ def main() -> None:
         loaded = load_checkpoint(given_or_newest(args.ckpt))
         if not loaded.config:
             raise CheckpointError(f"{loaded.path} carries no run settings: it names no validation split to score")
+        size = loaded.model.config.block_size
+        stride = max(1, size // 2) if args.stride is None else args.stride
+        if not 1 <= stride <= size:  # refused before the data is prepared, which may write a cache entry
+            raise SystemExit(f"error: --stride must be between 1 and the context, {size} tokens; got {stride}")
         cache = prepare(loaded.config, loaded.tokenizer)
     except (CheckpointError, DataError, OSError) as err:
         raise SystemExit(f"error: {first_line(err)}") from None
-    size = loaded.model.config.block_size
-    stride = max(1, size // 2) if args.stride is None else args.stride
-    if not 1 <= stride <= size:
-        raise SystemExit(f"error: --stride must be between 1 and the context, {size} tokens; got {stride}")
     ids = torch.from_numpy(cache.ids("val").astype("int64"))
     if len(ids) <= size:
         raise SystemExit(f"error: the validation split has {len(ids)} tokens, not more than one window of {size}")
