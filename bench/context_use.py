@@ -10,7 +10,8 @@ overlap, so the first token of each is predicted from nothing and the last from 
 val/bpc is the mean over all of them. This script reads the run's own prepared validation tokens (the
 token cache), scores the same windows position by position, then windows `stride` tokens apart of which
 only the last `stride` positions count: each token once (but for the split's first block_size -
-stride and its last few), with at least block_size - stride tokens before it. Where the loss stops falling with the position, more context gives the model nothing.
+stride and its last few), with at least block_size - stride tokens before it. Where the loss stops
+falling with the position, more context gives the model nothing.
 """
 
 from __future__ import annotations
