@@ -2,12 +2,16 @@
 
     python bench/precision.py                     # the nano default's shape and the baby shape
     python bench/precision.py --shapes baby --steps 40
+    python bench/precision.py --widths 64 96 128 192   # the default's layers, context and batch at these widths
 
 Two copies of a model of each shape, one trained in float32 and one under bfloat16 autocast, take turns
 a step at a time on the same batches of random tokens, so both see the same moments of a shared machine;
 the ratio of their summed step times (after a warm-up) is the figure. A CPU with AMX tiles (Intel
-Xeon from Sapphire Rapids on: the `amx_bf16` flag) multiplies bfloat16 matrices in them; one without
-converts to and from bfloat16 around float32 arithmetic, and autocast only costs.
+Xeon from Sapphire Rapids on: the `amx_bf16` flag) multiplies bfloat16 matrices in them, one with
+AVX-512 BF16 (`avx512_bf16`: AMD EPYC from Zen 4 on) in dot-product instructions; one without either
+converts to and from bfloat16 around float32 arithmetic, and autocast only costs. `--widths` finds the
+width from which a CPU's bf16 pays: train.py chooses bf16-mixed on a CPU from the width that
+training/settings.py's CPU_BF16_FROM_WIDTH names for its instructions.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench import common  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
+from training.flops import cpu_flags  # noqa: E402
 from training.optim import make_adamw  # noqa: E402
 
 SHAPES = {  # (layers, heads, width, context, batch)
@@ -31,14 +36,6 @@ SHAPES = {  # (layers, heads, width, context, batch)
     "baby": (6, 6, 384, 256, 8),  # experiment=shakespeare_baby's model, a CPU-sized batch
 }
 VOCAB = 1024
-
-
-def cpu_flags() -> set[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    return {flag for line in text.splitlines() if line.startswith("flags") for flag in line.split(":")[1].split()}
 
 
 class Trainee:
@@ -88,9 +85,19 @@ def positive(text: str) -> int:
     return value
 
 
+def width(text: str) -> int:
+    value = positive(text)
+    if value % 32:
+        raise argparse.ArgumentTypeError(f"must be a multiple of 32 (heads of 32), got {value}")
+    return value
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", nargs="+", choices=sorted(SHAPES), default=list(SHAPES))
+    parser.add_argument(
+        "--widths", nargs="+", type=width, help="instead of --shapes: the nano shape at these widths (heads of 32)"
+    )
     parser.add_argument("--steps", type=positive, default=30, help="measured steps per shape (default 30)")
     parser.add_argument("--warmup", type=positive, default=5, help="steps before measuring (default 5)")
     args = parser.parse_args()
@@ -103,8 +110,13 @@ def main() -> None:
     )
     print("| shape | fp32 | bf16 autocast | bf16 / fp32 | last-loss gap |")
     print("|---|---|---|---|---|")
-    for name in args.shapes:
-        shape = SHAPES[name]
+    n_layer, _, _, block_size, batch = SHAPES["nano"]
+    shapes = (
+        {f"{w} wide": (n_layer, w // 32, w, block_size, batch) for w in args.widths}
+        if args.widths
+        else {name: SHAPES[name] for name in args.shapes}
+    )
+    for name, shape in shapes.items():
         result = measure(shape, args.steps, args.warmup)
         label = "{}: {}/{}/{}, context {}, batch {}".format(name, *shape)
         print(

@@ -87,6 +87,11 @@ def test_bench_train_without_tiny_shakespeare_says_so_in_one_line(tmp_path):
         ("bench/quality.py", ["--repeats", "0"], "error: --seconds and --repeats must be at least 1, got 75 and 0"),
         ("bench/prepare.py", ["--mb", "0"], "error: --mb must be at least 1, got 0"),
         ("bench/precision.py", ["--steps", "0"], "precision.py: error: argument --steps: must be 1 or more, got 0"),
+        (
+            "bench/precision.py",
+            ["--widths", "100"],
+            "precision.py: error: argument --widths: must be a multiple of 32 (heads of 32), got 100",
+        ),
     ],
 )
 def test_a_benchmark_refuses_a_bad_count_in_one_line(script, args, said):
@@ -146,6 +151,16 @@ def test_precision_benchmark_prints_its_table():
     assert header.startswith(f"torch {torch.__version__}") and "AMX bf16: " in header
     assert columns == "| shape | fp32 | bf16 autocast | bf16 / fp32 | last-loss gap |"
     assert row.startswith("| nano: 4/6/192, context 32, batch 32 | ")
+
+
+def test_precision_benchmark_measures_the_default_shape_at_the_widths_given():
+    proc = run_script("bench/precision.py", "--widths", "32", "64", "--steps", "1", "--warmup", "1")
+    assert proc.returncode == 0, proc.stderr
+    rows = proc.stdout.strip().splitlines()[3:]
+    assert [row.split(" | ")[0] for row in rows] == [
+        "| 32 wide: 4/1/32, context 32, batch 32",
+        "| 64 wide: 4/2/64, context 32, batch 32",
+    ]
 
 
 @pytest.mark.slow

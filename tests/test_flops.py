@@ -114,3 +114,25 @@ def test_mfu_never_exceeds_one_a_faster_rate_raises_the_peak_and_a_cpu_remembers
     gpu.device, gpu.peak = torch.device("cuda", 0), 1e12
     assert gpu.utilisation(2e12) == 1.0 and gpu.peak == 2e12
     assert fastest_seen(tmp_path) == {cpu_key(): 4e9}  # a GPU's rate is no CPU's
+
+
+def test_a_cpu_that_multiplies_bfloat16_in_hardware_has_a_bf16_peak_of_its_own(tmp_path, monkeypatch):
+    """AVX-512 BF16 dot products do twice an FMA's work a cycle, AMX tiles 32 times; a CPU without
+    either converts around fp32 and has its fp32 peak in bf16 too."""
+    epyc = XEON.replace("avx avx2", "avx avx2 avx512f avx512_bf16")
+    sapphire = epyc.replace("avx512_bf16", "avx512_bf16 amx_bf16 amx_tile")
+    fp32 = theoretical_cpu_peak_flops(epyc, "x86_64", [], cpus=8, threads=8)
+    assert fp32 == pytest.approx(64 * 2.3e9 * 4)
+    assert theoretical_cpu_peak_flops(epyc, "x86_64", [], cpus=8, threads=8, bf16=True) == pytest.approx(2 * fp32)
+    assert theoretical_cpu_peak_flops(sapphire, "x86_64", [], cpus=8, threads=8, bf16=True) == pytest.approx(32 * fp32)
+    assert theoretical_cpu_peak_flops(XEON, "x86_64", [], cpus=8, threads=8, bf16=True) == pytest.approx(32 * 2.3e9 * 4)
+
+    # the fastest rates seen are kept apart: a bf16 run's rate does not raise the fp32 peak
+    monkeypatch.setenv("TINYGPT2_CACHE", str(tmp_path))
+    store(tmp_path, 1e16)
+    meter = Throughput(tokens_per_step=1024, world_size=1, precision="bf16-mixed")
+    meter.device, meter.peak = torch.device("cpu"), 1e9
+    assert meter.utilisation(4e9) == 1.0
+    assert fastest_seen(tmp_path) == {cpu_key(): 1e16, cpu_key(bf16=True): 4e9}
+    assert cpu_peak_flops(tmp_path, bf16=True) == max(4e9, this_cpu_theoretical_peak(bf16=True) or 0.0)
+    assert cpu_peak_flops(tmp_path) == 1e16

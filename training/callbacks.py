@@ -76,7 +76,7 @@ class Throughput(L.Callback):
             )
             self.peak = achieved
             if self.device is not None and self.device.type == "cpu":
-                record_cpu_rate(achieved)
+                record_cpu_rate(achieved, bf16="bf16" in str(self.precision))
         return achieved / self.peak
 
     def on_validation_start(self, trainer, pl_module) -> None:

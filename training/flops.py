@@ -70,6 +70,30 @@ X86_FP32_LANES = (("avx512f", 16), ("avx", 8), ("sse", 4))
 # (Neoverse V1/V2, Apple M). The most a core of its kind has, so the figure is an upper bound for most;
 # a core that computes faster still (say an A64FX) raises the peak by doing so (cpu_peak_flops).
 X86_FMA_UNITS, ARM_FMA_UNITS = 2, 4
+# bfloat16 matrix products against fp32 FMAs, per core and cycle, by the flag naming the instructions:
+# AMX tiles do 1,024 bf16 multiply-adds a cycle (Intel's figure), 32 times two AVX-512 FMA units;
+# AVX-512 BF16 dot products take two bf16 pairs in each fp32 lane, twice an FMA. Strongest first.
+BF16_FLAGS = (("amx_bf16", 32), ("avx512_bf16", 2))
+
+
+def flags_of(cpuinfo: str) -> set[str]:
+    """The feature flags a /proc/cpuinfo text names for its first processor (x86 `flags`, Arm `Features`)."""
+    flags = re.search(r"^(?:flags|Features)\s*:(.*)$", cpuinfo, re.MULTILINE)
+    return set(flags[1].split()) if flags else set()
+
+
+def cpu_flags() -> set[str]:
+    """This machine's CPU feature flags; none where /proc/cpuinfo cannot be read."""
+    try:
+        return flags_of(Path("/proc/cpuinfo").read_text(errors="replace"))
+    except OSError:
+        return set()
+
+
+def bf16_speedup(flags: set[str]) -> int:
+    """How many times its fp32 rate a CPU with these flags multiplies bfloat16 matrices at: 1 where it
+    has no bf16 instructions (autocast then converts around fp32 arithmetic)."""
+    return next((times for flag, times in BF16_FLAGS if flag in flags), 1)
 
 
 def fp32_flops_per_cycle(flags: set[str], machine: str) -> int | None:
@@ -83,16 +107,19 @@ def fp32_flops_per_cycle(flags: set[str], machine: str) -> int | None:
     return lanes * (X86_FMA_UNITS if "fma" in flags or "avx512f" in flags else 1) * 2
 
 
-def theoretical_cpu_peak_flops(cpuinfo: str, machine: str, max_khz: list[int], cpus: int, threads: int) -> float | None:
-    """The most fp32 FLOP/s `threads` torch threads can reach on `cpus` logical CPUs of the processor
-    /proc/cpuinfo describes: FLOPs per cycle x the highest clock any source names (cpufreq's
-    `max_khz`, `cpu MHz`, `@ 2.40GHz` in the model name) x the physical cores the threads can occupy
-    (hyper-threads share a core's vector units). None when the text does not say enough.
+def theoretical_cpu_peak_flops(
+    cpuinfo: str, machine: str, max_khz: list[int], cpus: int, threads: int, bf16: bool = False
+) -> float | None:
+    """The most fp32 FLOP/s (`bf16`: bfloat16 FLOP/s) `threads` torch threads can reach on `cpus`
+    logical CPUs of the processor /proc/cpuinfo describes: FLOPs per cycle x the highest clock any
+    source names (cpufreq's `max_khz`, `cpu MHz`, `@ 2.40GHz` in the model name) x the physical cores
+    the threads can occupy (hyper-threads share a core's vector units). None when the text does not
+    say enough.
 
     A processor may turbo above every clock it names (a virtual machine often names only its base
     clock); a rate measured above this figure then raises the peak (cpu_peak_flops)."""
-    flags = re.search(r"^(?:flags|Features)\s*:(.*)$", cpuinfo, re.MULTILINE)  # x86, Arm
-    per_cycle = fp32_flops_per_cycle(set(flags[1].split()) if flags else set(), machine)
+    names = flags_of(cpuinfo)
+    per_cycle = fp32_flops_per_cycle(names, machine)
     mhz = [khz / 1000 for khz in max_khz]
     mhz += [float(m) for m in re.findall(r"^cpu MHz\s*:\s*([\d.]+)", cpuinfo, re.MULTILINE)]
     mhz += [float(g) * 1000 for g in re.findall(r"@\s*([\d.]+)\s*GHz", cpuinfo)]
@@ -102,10 +129,10 @@ def theoretical_cpu_peak_flops(cpuinfo: str, machine: str, max_khz: list[int], c
     cores = re.search(r"^cpu cores\s*:\s*(\d+)", cpuinfo, re.MULTILINE)
     per_core = max(1, int(siblings[1]) // int(cores[1])) if siblings and cores and int(cores[1]) else 1
     used = max(1, min(threads, cpus // per_core))
-    return per_cycle * max(mhz) * 1e6 * used
+    return per_cycle * (bf16_speedup(names) if bf16 else 1) * max(mhz) * 1e6 * used
 
 
-def this_cpu_theoretical_peak() -> float | None:
+def this_cpu_theoretical_peak(bf16: bool = False) -> float | None:
     """theoretical_cpu_peak_flops of this machine, for the cores this process may use."""
     try:
         cpuinfo = Path("/proc/cpuinfo").read_text(errors="replace")
@@ -118,13 +145,14 @@ def this_cpu_theoretical_peak() -> float | None:
         except (OSError, ValueError):
             pass
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return theoretical_cpu_peak_flops(cpuinfo, platform.machine(), max_khz, cpus, torch.get_num_threads())
+    return theoretical_cpu_peak_flops(cpuinfo, platform.machine(), max_khz, cpus, torch.get_num_threads(), bf16)
 
 
-def measure_cpu_peak_flops(size: int = 1024, seconds: float = 0.5) -> float:
-    """Best fp32 matmul rate this process reaches with its torch threads."""
+def measure_cpu_peak_flops(size: int = 1024, seconds: float = 0.5, bf16: bool = False) -> float:
+    """Best fp32 (`bf16`: bfloat16) matmul rate this process reaches with its torch threads."""
     rng = torch.Generator().manual_seed(0)  # its own: a run's random streams must not move
-    a, b = torch.randn(size, size, generator=rng), torch.randn(size, size, generator=rng)
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    a, b = (torch.randn(size, size, generator=rng).to(dtype) for _ in range(2))
     torch.mm(a, b)  # warm up the kernels and thread pool
     best, deadline = 0.0, time.perf_counter() + seconds
     while time.perf_counter() < deadline:
@@ -135,15 +163,16 @@ def measure_cpu_peak_flops(size: int = 1024, seconds: float = 0.5) -> float:
 
 
 def peak_cache(cache_dir: str | os.PathLike | None = None) -> Path:
-    """The file that keeps the fastest fp32 rate seen on each machine, thread count and torch version."""
+    """The file that keeps the fastest fp32 and bf16 rates seen on each machine, thread count and torch version."""
     root = cache_dir or os.environ.get("TINYGPT2_CACHE") or "~/.cache/tinygpt2"  # (set but empty: unset)
     return Path(root).expanduser() / "cpu_peak_flops.json"
 
 
-def cpu_key() -> str:
-    """What a measured rate depends on: the processor, its logical CPUs, torch's threads and version."""
+def cpu_key(bf16: bool = False) -> str:
+    """What a measured rate depends on: the processor, its logical CPUs, torch's threads and version,
+    and whether it multiplied in bfloat16."""
     machine = platform.processor() or platform.machine()
-    return f"{machine}|{os.cpu_count()}|{torch.get_num_threads()}|{torch.__version__}"
+    return f"{machine}|{os.cpu_count()}|{torch.get_num_threads()}|{torch.__version__}" + ("|bf16" if bf16 else "")
 
 
 def fastest_seen(cache_dir: str | os.PathLike | None = None) -> dict[str, float]:
@@ -161,10 +190,11 @@ def fastest_seen(cache_dir: str | os.PathLike | None = None) -> dict[str, float]
     }
 
 
-def record_cpu_rate(rate: float, cache_dir: str | os.PathLike | None = None) -> float:
-    """Keeps `rate` (FLOP/s) as this machine's fastest if it is; returns the fastest seen."""
+def record_cpu_rate(rate: float, cache_dir: str | os.PathLike | None = None, bf16: bool = False) -> float:
+    """Keeps `rate` (FLOP/s, in bfloat16 if `bf16`) as this machine's fastest if it is; returns the
+    fastest seen."""
     known = fastest_seen(cache_dir)
-    key = cpu_key()
+    key = cpu_key(bf16)
     if rate > known.get(key, 0.0):
         known[key] = rate
         cache = peak_cache(cache_dir)
@@ -178,16 +208,17 @@ def record_cpu_rate(rate: float, cache_dir: str | os.PathLike | None = None) -> 
     return known[key]
 
 
-def cpu_peak_flops(cache_dir: str | os.PathLike | None = None) -> float:
+def cpu_peak_flops(cache_dir: str | os.PathLike | None = None, bf16: bool = False) -> float:
     """The CPU peak train/mfu is measured against: the larger of the theoretical fp32 rate of the
     cores torch uses (this_cpu_theoretical_peak) and the fastest rate seen on this machine, thread
     count and torch version (a matmul measured for half a second when none is stored yet, and any
     faster training rate since: record_cpu_rate). A measurement taken while other work held the cores
-    cannot pull it below the theoretical rate, so it cannot inflate MFU."""
-    seen = fastest_seen(cache_dir).get(cpu_key())
+    cannot pull it below the theoretical rate, so it cannot inflate MFU. `bf16`: the same in bfloat16,
+    for a run under bf16 autocast, kept apart from the fp32 figures."""
+    seen = fastest_seen(cache_dir).get(cpu_key(bf16))
     if seen is None:
-        seen = record_cpu_rate(measure_cpu_peak_flops(), cache_dir)
-    return max(seen, this_cpu_theoretical_peak() or 0.0)
+        seen = record_cpu_rate(measure_cpu_peak_flops(bf16=bf16), cache_dir, bf16)
+    return max(seen, this_cpu_theoretical_peak(bf16) or 0.0)
 
 
 def device_peak_flops(device: torch.device, precision: str) -> float | None:
@@ -195,5 +226,5 @@ def device_peak_flops(device: torch.device, precision: str) -> float | None:
     if device.type == "cuda":
         return gpu_peak_flops(torch.cuda.get_device_name(device), precision)
     if device.type == "cpu":
-        return cpu_peak_flops()
+        return cpu_peak_flops(bf16="bf16" in str(precision))
     return None

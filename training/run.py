@@ -318,7 +318,7 @@ def describe_run(settings: RunSettings, module: GPTModule) -> None:
     config = settings.model
     log.info(
         "model: %s parameters (%d layers, %d heads, %d wide, context %d, vocab %d); data: %s; "
-        "%d tokens per step = %d sequences x %d tokens x %d device(s) x %d accumulation",
+        "%d tokens per step = %d sequences x %d tokens x %d device(s) x %d accumulation; precision %s%s",
         f"{module.model.num_parameters():,}",
         config.n_layer,
         config.n_head,
@@ -331,6 +331,8 @@ def describe_run(settings: RunSettings, module: GPTModule) -> None:
         config.block_size,
         settings.world_size,
         settings.accumulation,
+        settings.trainer["precision"],
+        " (chosen for this machine)" if "trainer.precision" in settings.machine_chosen else "",
     )
     if settings.resume_from:
         log.info("resuming from %s (step %d)", settings.resume_from, settings.resume_step)
