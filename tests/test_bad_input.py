@@ -527,7 +527,7 @@ def test_resume_of_a_latest_link_whose_run_was_deleted_says_so(tmp_path):
 def test_float16_on_a_cpu_is_refused_rather_than_trained_as_bfloat16():
     assert refused_command_line("trainer.precision=16-mixed") == (
         "trainer.precision=16-mixed needs a CUDA GPU (float16 has no CPU support); use trainer.precision=bf16-mixed "
-        "on a CPU, or leave it out for 32-bit"
+        "or 32-true on a CPU"
     )
 
 

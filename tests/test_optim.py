@@ -111,10 +111,10 @@ def test_global_batch_and_accumulation_together_are_refused():
         (Machine(cuda=True, bf16=False, triton=True), "auto", "32-true"),  # a V100
         (Machine(cuda=True, bf16=True, triton=True), "gpu", "bf16-mixed"),
         (Machine(cuda=True, bf16=True, triton=True), "cpu", "32-true"),  # a GPU machine told to train on its CPU
-        (Machine(cuda=False, bf16=False, triton=False, cpu_bf16_from=128), "auto", "bf16-mixed"),  # AVX-512 BF16
+        (Machine(cuda=False, bf16=False, triton=False, cpu_bf16_from=192), "auto", "bf16-mixed"),  # AVX-512 BF16
         (Machine(cuda=False, bf16=False, triton=False, cpu_bf16_from=256), "auto", "32-true"),  # AMX, narrower
-        (Machine(cuda=True, bf16=True, triton=True, cpu_bf16_from=128), "cpu", "bf16-mixed"),
-        (Machine(cuda=True, bf16=False, triton=True, cpu_bf16_from=128), "auto", "32-true"),  # a V100 is no CPU
+        (Machine(cuda=True, bf16=True, triton=True, cpu_bf16_from=192), "cpu", "bf16-mixed"),
+        (Machine(cuda=True, bf16=False, triton=True, cpu_bf16_from=192), "auto", "32-true"),  # a V100 is no CPU
     ],
 )
 def test_precision_left_unset_is_bf16_mixed_on_a_gpu_or_cpu_that_trains_faster_so(machine, accelerator, chosen):

@@ -94,8 +94,8 @@ FALLBACK_PASSES = 6
 RESOLVED_TRAINER_KEYS = ("strategy", "precision", "accumulate_grad_batches")
 
 # Settings that, left null, are chosen for the machine (bf16 and compile on a CUDA GPU; eager on a CPU, in
-# bf16 where its bf16 instructions train the model faster, else 32-bit). The saved settings list under this key those a run's command line left to the machine, so that
-# a run continued on other hardware (started on a GPU, resumed on a laptop) is given that machine's choice.
+# bf16 where its bf16 instructions train the model faster, else 32-bit). The saved settings list under
+# this key those a run's command line left to the machine, so that a run continued on other hardware (started on a GPU, resumed on a laptop) is given that machine's choice.
 MACHINE_CHOSEN = "chosen_for_the_machine"
 MACHINE_KEYS = ("trainer.precision", "compile")
 
@@ -170,9 +170,12 @@ def trainer_arguments(trainer: dict[str, Any]) -> dict[str, Any]:
 
 # The narrowest model (n_embd) a CPU with bfloat16 instructions trains faster under bf16 autocast than
 # in 32-bit, by the flag that names them (python bench/precision.py, context 32, batch 32; bench/README.md).
-# AVX-512 BF16 (a 2-core AMD EPYC, one thread): 0.90x at 64 wide, 1.12x at 96, 1.42x at 128, 1.67x at 192.
-# AMX tiles (a 2-core Intel Xeon): 0.92x at 128 wide, 2.15x at 384; between them not measured.
-CPU_BF16_FROM_WIDTH = (("amx_bf16", 256), ("avx512_bf16", 128))
+# AVX-512 BF16 (a 2-core AMD EPYC, 2 threads): 1.10x at 64 wide, 1.12x at 96, 1.38x at 128, 1.53x at 192,
+# 1.86x at 256 (one thread: 0.90x at 64 wide with heads of 16, 0.81x for a 2-layer model 32 wide); whole
+# runs: the 192-wide default 1.26x (254 s to 202 s), experiment=shakespeare_75s (2 layers, 128 wide) no
+# faster (as many tokens in 75 s). AMX tiles (a 2-core Intel Xeon): 0.92x at 128 wide, 2.15x at 384;
+# between them not measured.
+CPU_BF16_FROM_WIDTH = (("amx_bf16", 256), ("avx512_bf16", 192))
 
 
 class Machine(NamedTuple):
@@ -212,14 +215,14 @@ def choose_precision(
     requested: str | int | None, accelerator: str = "auto", machine: Machine | None = None, width: int | None = None
 ) -> str:
     """bf16 mixed precision on GPUs that support it, and on CPUs with bfloat16 instructions for a model
-    `width` wide that they train faster so (the default model: 1.6 times as fast on an AVX-512 BF16 CPU);
+    `width` wide that they train faster so (the default model: 1.5 times as fast on an AVX-512 BF16 CPU);
     full 32-bit elsewhere. An explicit choice wins, but not float16 on a CPU, where Lightning would train
     in bf16 while the run recorded float16."""
     machine = machine or Machine.this()
     if requested and str(requested) in ("16-mixed", "16", "16-true") and on_cpu(accelerator, machine):
         raise SettingError(
             f"trainer.precision={requested} needs a CUDA GPU (float16 has no CPU support); "
-            "use trainer.precision=bf16-mixed on a CPU, or leave it out for 32-bit"
+            "use trainer.precision=bf16-mixed or 32-true on a CPU"
         )
     if requested:
         return str(requested)
