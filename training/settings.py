@@ -95,7 +95,8 @@ RESOLVED_TRAINER_KEYS = ("strategy", "precision", "accumulate_grad_batches")
 
 # Settings that, left null, are chosen for the machine (bf16 and compile on a CUDA GPU; eager on a CPU, in
 # bf16 where its bf16 instructions train the model faster, else 32-bit). The saved settings list under
-# this key those a run's command line left to the machine, so that a run continued on other hardware (started on a GPU, resumed on a laptop) is given that machine's choice.
+# this key those a run's command line left to the machine, so that a run continued on other hardware
+# (started on a GPU, resumed on a laptop) is given that machine's choice.
 MACHINE_CHOSEN = "chosen_for_the_machine"
 MACHINE_KEYS = ("trainer.precision", "compile")
 
