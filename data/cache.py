@@ -8,6 +8,8 @@ tokenizer settings:
                  train.bin        token ids, flat (uint16 when the vocabulary fits, else uint32)
                  val.bin
                  meta.json        counts, dtype, source
+                 train.drop1.bin  with tokenizer.dropout, the training split encoded again with BPE-dropout
+                 ...              (tokenizer.dropout_copies of them; meta.json's train_copies counts them)
 
 An entry is built in tokens/<key>.partial/ and renamed into place when complete, so a folder with the
 entry's name is always whole. A preparation that stops part way leaves the .partial folder, with its
@@ -73,6 +75,17 @@ def text_hash(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+def copy_name(number: int) -> str:
+    """The file of the training split's BPE-dropout encoding `number` (1, 2, ...)."""
+    return f"train.drop{number}.bin"
+
+
+def entry_files(meta: dict[str, Any]) -> list[str]:
+    """The files of an entry whose meta.json says this."""
+    copies = meta.get("train_copies") or []
+    return [*ENTRY_FILES, *(copy_name(n) for n in range(1, len(copies) + 1))]
+
+
 @dataclass
 class TokenCache:
     folder: Path
@@ -90,9 +103,17 @@ class TokenCache:
         return (self.folder / "tokenizer.json").read_text(encoding="utf-8")
 
     def ids(self, split: str) -> np.ndarray:
-        if self.meta[f"{split}_tokens"] == 0:  # a zero-length file cannot be memory-mapped
+        return self.token_file(f"{split}.bin", self.meta[f"{split}_tokens"])
+
+    def train_encodings(self) -> list[np.ndarray]:
+        """The training split as the tokenizer encodes it, then its BPE-dropout encodings, if any."""
+        copies = self.meta.get("train_copies") or []
+        return [self.ids("train"), *(self.token_file(copy_name(n), c) for n, c in enumerate(copies, 1))]
+
+    def token_file(self, name: str, count: int) -> np.ndarray:
+        if count == 0:  # a zero-length file cannot be memory-mapped
             return np.zeros(0, dtype=np.dtype(self.meta["dtype"]))
-        return np.memmap(self.folder / f"{split}.bin", dtype=np.dtype(self.meta["dtype"]), mode="r")
+        return np.memmap(self.folder / name, dtype=np.dtype(self.meta["dtype"]), mode="r")
 
 
 def open_cache(folder: Path) -> TokenCache | None:
@@ -116,10 +137,14 @@ def check_entry(folder: Path, meta: Any) -> None:
     if not isinstance(meta, dict) or meta.get("dtype") not in TOKEN_DTYPES:
         raise DamagedEntry(meta_file, f"names no token dtype ({' or '.join(TOKEN_DTYPES)})")
     itemsize = np.dtype(meta["dtype"]).itemsize
-    for split in ("train", "val"):
-        count, file = meta.get(f"{split}_tokens"), folder / f"{split}.bin"
+    copies = meta.get("train_copies", [])
+    if not isinstance(copies, list):
+        raise DamagedEntry(meta_file, "has train_copies that is not a list of counts")
+    counted = [(meta.get(f"{split}_tokens"), folder / f"{split}.bin", f"{split} tokens") for split in ("train", "val")]
+    counted += [(c, folder / copy_name(n), f"tokens in {copy_name(n)}") for n, c in enumerate(copies, 1)]
+    for count, file, what in counted:
         if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-            raise DamagedEntry(meta_file, f"has no count of {split} tokens")
+            raise DamagedEntry(meta_file, f"has no count of {what}")
         if not file.is_file():
             raise DamagedEntry(file, "is missing")
         if file.stat().st_size != count * itemsize:
@@ -222,8 +247,9 @@ def build_cache(root: str | os.PathLike, key: str, build: Callable[[Path], dict[
                 if (refused := refused_write(err)) is None:
                     raise
                 raise disk_full(staging, refused) from None
+        keep = entry_files(json.loads((staging / "meta.json").read_text(encoding="utf-8")))
         for leftover in staging.iterdir():  # work files of the build; the entry keeps only its own
-            if leftover.name not in ENTRY_FILES:
+            if leftover.name not in keep:
                 shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
         staging.rename(entry)
     finally:

@@ -20,10 +20,16 @@ log = logging.getLogger(__name__)
 class RandomWindows(Dataset):
     """Item i is a whole batch: batch_size windows at offsets drawn from a generator seeded with
     (seed, i). The data order is a pure function of the seed and the batch index, so a run can
-    restart at any batch and see exactly what it would have seen."""
+    restart at any batch and see exactly what it would have seen.
 
-    def __init__(self, ids: np.ndarray, block_size: int, batch_size: int, seed: int, num_batches: int):
-        self.ids, self.block_size, self.batch_size = ids, block_size, batch_size
+    `encodings`: the training split's ids, or several encodings of it (as the tokenizer encodes it, then
+    with BPE-dropout: TokenCache.train_encodings); each window then comes from one drawn at random."""
+
+    def __init__(
+        self, encodings: np.ndarray | list[np.ndarray], block_size: int, batch_size: int, seed: int, num_batches: int
+    ):
+        self.encodings = [encodings] if isinstance(encodings, np.ndarray) else list(encodings)
+        self.block_size, self.batch_size = block_size, batch_size
         self.seed, self.num_batches = seed, num_batches
 
     def __len__(self) -> int:
@@ -31,8 +37,19 @@ class RandomWindows(Dataset):
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         rng = np.random.default_rng((self.seed, index))
-        starts = rng.integers(0, len(self.ids) - self.block_size, size=self.batch_size)
-        windows = torch.from_numpy(np.stack([self.ids[s : s + self.block_size + 1] for s in starts]).astype(np.int64))
+        if len(self.encodings) == 1:
+            ids = self.encodings[0]
+            starts = rng.integers(0, len(ids) - self.block_size, size=self.batch_size)
+            rows = [ids[s : s + self.block_size + 1] for s in starts]
+        else:
+            which = rng.integers(0, len(self.encodings), size=self.batch_size)
+            places = rng.random(size=self.batch_size)  # where in its encoding, as a share of the starts it has
+            rows = []
+            for n, place in zip(which, places):
+                ids = self.encodings[n]
+                start = int(place * (len(ids) - self.block_size))
+                rows.append(ids[start : start + self.block_size + 1])
+        windows = torch.from_numpy(np.stack(rows).astype(np.int64))
         return windows[:, :-1], windows[:, 1:]  # inputs and targets, shifted by one
 
 
@@ -145,7 +162,7 @@ class TextDataModule(L.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         windows = RandomWindows(
-            self.prepare().ids("train"), self.block_size, self.batch_size, self.seed, self.num_batches * self.world_size
+            self.prepare().train_encodings(), self.block_size, self.batch_size, self.seed, self.num_batches * self.world_size
         )
         trainer = self.trainer
         if trainer is None:

@@ -11,6 +11,7 @@ import errno
 import json
 import logging
 import os
+import secrets
 import shutil
 import time
 from collections.abc import Callable
@@ -21,22 +22,39 @@ import numpy as np
 from omegaconf import OmegaConf
 from tokenizers import Tokenizer
 
-from .cache import FORMAT_VERSION, TokenCache, build_cache, find_cache, fingerprint, token_dtype
+from .cache import FORMAT_VERSION, TokenCache, build_cache, copy_name, find_cache, fingerprint, token_dtype
 from .errors import DataError
 from .files import count, file_stats
 from .shards import PIECE_CHARS, SHARD_CHARS, encode_corpus, join_shards, read_records
 from .sources import Source, changed_file, describe
-from .tokenizer import build_tokenizer, load_pretrained, pretrained_files, splits_safely
+from .tokenizer import build_tokenizer, load_pretrained, pretrained_files, splits_safely, with_dropout
 
 log = logging.getLogger(__name__)
 
 
+DROPOUT_KEYS = ("dropout", "dropout_copies")
+LARGE_COPIES = 10**9  # bytes of BPE-dropout encodings beyond which preparing them says what they cost
+
+
+def dropout_of(cfg) -> tuple[float, int]:
+    """tokenizer.dropout and the number of BPE-dropout encodings of the training split it asks for
+    (0.0 and 0 when it is off or unset)."""
+    dropout = float(cfg.get("dropout") or 0.0)
+    return (dropout, int(cfg.get("dropout_copies") or 0)) if dropout > 0 else (0.0, 0)
+
+
 def tokenizer_identity(cfg, given: Tokenizer | None) -> dict[str, Any]:
-    """What decides the tokenizer, for the cache key: its settings (and the files of a pretrained one),
-    or the whole of a given one."""
+    """What decides the tokens, for the cache key: the tokenizer's settings (and the files of a
+    pretrained one), or the whole of a given one; and BPE-dropout's, when it is on (off, it leaves the
+    key as it was before the setting existed, so entries made then are found)."""
+    dropout = dict(zip(DROPOUT_KEYS, dropout_of(cfg), strict=True))
     if given is not None:
-        return {"given": given.to_str()}
+        return {"given": given.to_str(), **(dropout if dropout["dropout"] else {})}
     settings = OmegaConf.to_container(cfg, resolve=True) if OmegaConf.is_config(cfg) else dict(cfg)
+    for key in DROPOUT_KEYS:
+        settings.pop(key, None)
+    if dropout["dropout"]:
+        settings.update(dropout)
     if settings.get("kind") == "pretrained":
         files = pretrained_files(settings.get("path"))
         if not files:  # nothing there to read: the loader's error says what is wrong with the path
@@ -73,7 +91,8 @@ def prepare_tokens(
     progress: Callable[[dict], None] | None = None,
 ) -> dict[str, Any]:
     """Build the tokenizer (unless given, or made by an earlier, stopped run) and tokenize the corpus
-    into staging/{tokenizer.json, train.bin, val.bin}; returns the meta of the cache entry."""
+    into staging/{tokenizer.json, train.bin, val.bin} (and, with tokenizer.dropout, train.drop1.bin,
+    ...); returns the meta of the cache entry."""
     tokenizer_file = staging / "tokenizer.json"
     corpus = None
     tokenizer = kept_tokenizer(staging)
@@ -94,6 +113,8 @@ def prepare_tokens(
         tmp.write_text(tokenizer.to_str(), encoding="utf-8")
         os.replace(tmp, tokenizer_file)
 
+    dropout, copies = dropout_of(tokenizer_cfg)
+    dropped = with_dropout(tokenizer, dropout) if copies else None  # refused before any text is encoded
     can_split = splits_safely(tokenizer)
     if corpus is None or not can_split:  # a tokenizer that cannot take documents in pieces reads them whole
         corpus = source.open(PIECE_CHARS if can_split else None)
@@ -120,9 +141,56 @@ def prepare_tokens(
             f"{source.label} holds no training text: it is too short to leave any once its validation share "
             "(data.val_fraction) is taken; give a longer text"
         )
+    meta = {"format": FORMAT_VERSION, "dtype": dtype.name, "vocab_size": vocab_size, "source": source.label, **counts}
+    if copies:
+        if (more := copies * counts["train_tokens"] * dtype.itemsize) > LARGE_COPIES:
+            log.warning(
+                "tokenizer.dropout=%s: its %d BPE-dropout encodings of the training split take about %.3g GB more "
+                "in the token cache; a corpus this large is rarely overfitted, and tokenizer.dropout=0 makes none",
+                dropout,
+                copies,
+                more / 1e9,
+            )
+        made = [
+            encode_copy(n, staging, corpus, dropped, can_split, dtype.name, num_proc, shard_chars)
+            for n in range(1, copies + 1)
+        ]
+        # names this making of the encodings, which no seed repeats: a run records it, and a resumed run
+        # whose entry was made again since (deleted, another machine's cache) is told it trains on others
+        meta.update(dropout=dropout, train_copies=made, encodings_made=secrets.token_hex(8))
+        log.info(
+            "BPE-dropout %s: the training split encoded %d more times, %s tokens each on average",
+            dropout,
+            copies,
+            f"{round(sum(made) / copies):,}",
+        )
     failpoint_disk_full(staging)
     join_shards(shards, len(read_records(shards, dtype.name)), staging)
-    return {"format": FORMAT_VERSION, "dtype": dtype.name, "vocab_size": vocab_size, "source": source.label, **counts}
+    return meta
+
+
+def encode_copy(
+    number: int,
+    staging: Path,
+    corpus,
+    dropped: Tokenizer,
+    can_split: bool,
+    dtype: str,
+    num_proc: int | None,
+    shard_chars: int | None,
+) -> int:
+    """The training split encoded with BPE-dropout (`dropped`, tokenizer.dropout) into
+    staging/train.drop<number>.bin, through shards of its own that a stopped preparation goes on from;
+    returns its number of tokens. The encoding's randomness is the tokenizer library's own (it takes no
+    seed), so the encodings are made once, with the entry: every run of these settings, and a resumed
+    one, trains on the same."""
+    folder = staging / "copies" / str(number)
+    encode_corpus(
+        corpus, dropped, can_split, folder, dtype, worker_count(num_proc), shard_chars or SHARD_CHARS, splits=("train",)
+    )
+    records = read_records(folder, dtype, ("train",))
+    join_shards(folder, len(records), staging, {"train": copy_name(number)})
+    return sum(r["train_tokens"] for r in records)
 
 
 def kept_tokenizer(staging: Path) -> Tokenizer | None:

@@ -64,15 +64,18 @@ class Shard:
 class ShardEncoder:
     """Encodes one shard's items into <folder>/<index>.<split>.bin; returns the counts."""
 
-    def __init__(self, tokenizer_json: str, folder: Path, dtype: str, can_split: bool):
+    def __init__(
+        self, tokenizer_json: str, folder: Path, dtype: str, can_split: bool, splits: tuple[str, ...] = SPLITS
+    ):
         self.tokenizer = Tokenizer.from_str(tokenizer_json)
         self.folder, self.dtype, self.can_split = Path(folder), np.dtype(dtype), can_split
+        self.splits = splits  # those to encode: the others' text is passed over
         eot = self.tokenizer.token_to_id(EOT)  # a given tokenizer may lack it: documents then simply follow on
         self.separator = np.array([eot] if eot is not None else [], dtype=self.dtype)
 
     def __call__(self, index: int, items: list[Item]) -> dict[str, int]:
         counts = dict.fromkeys(COUNTS, 0)
-        paths = {split: self.folder / f"{index:06d}.{split}.bin" for split in SPLITS}
+        paths = {split: self.folder / f"{index:06d}.{split}.bin" for split in self.splits}
         # written under this process's own names, then renamed: a shard file is whole or absent
         temps = {split: path.with_name(f".{path.name}.{os.getpid()}.tmp") for split, path in paths.items()}
         try:
@@ -81,13 +84,13 @@ class ShardEncoder:
             for temp in temps.values():
                 temp.unlink(missing_ok=True)
             raise
-        for split in SPLITS:
+        for split in self.splits:
             os.replace(temps[split], paths[split])
         return counts
 
     def write(self, items: list[Item], temps: dict[str, Path], counts: dict[str, int]) -> None:
         with contextlib.ExitStack() as stack:
-            files = {split: stack.enter_context(open(temps[split], "wb")) for split in SPLITS}
+            files = {split: stack.enter_context(open(temps[split], "wb")) for split in self.splits}
             for batch in self.batches(self.documents(items)):
                 try:
                     encodings = self.tokenizer.encode_batch_fast(
@@ -98,7 +101,7 @@ class ShardEncoder:
                         f"the tokenizer cannot encode this text ({str(err).splitlines()[0]}); a tokenizer given "
                         "with tokenizer.path must take any text (a byte-level BPE does, or one with an unknown token)"
                     ) from None
-                chunks: dict[str, list[np.ndarray]] = {split: [] for split in SPLITS}
+                chunks: dict[str, list[np.ndarray]] = {split: [] for split in self.splits}
                 for (split, text, separator), encoding in zip(batch, encodings, strict=True):
                     if separator:
                         chunks[split].append(self.separator)
@@ -113,6 +116,8 @@ class ShardEncoder:
     def documents(self, items: list[Item]) -> Iterator[tuple[str, str, bool]]:
         """(split, text, separator_before) for each document or piece of one."""
         for split, text, separator, lines in items:
+            if split not in self.splits:
+                continue
             if lines:
                 for line in text.split("\n"):
                     if line:
@@ -138,20 +143,20 @@ class ShardEncoder:
             yield batch
 
 
-def read_records(folder: Path, dtype: str) -> list[dict]:
+def read_records(folder: Path, dtype: str, splits: tuple[str, ...] = SPLITS) -> list[dict]:
     """The records of finished shards 0, 1, 2, ... up to the first one missing or not whole (a record
     that cannot be read, a shard file missing or of another size than its count: a stray edit, a copy
     gone wrong), which is said; that shard and those after it are tokenized again."""
     records = []
     while (path := folder / f"{len(records):06d}.json").is_file():
-        if (record := finished_shard(path, np.dtype(dtype).itemsize)) is None:
+        if (record := finished_shard(path, np.dtype(dtype).itemsize, splits)) is None:
             log.warning("%s or its token files are not whole; tokenizing again from that shard on", path)
             break
         records.append(record)
     return records
 
 
-def finished_shard(record_file: Path, itemsize: int) -> dict | None:
+def finished_shard(record_file: Path, itemsize: int, splits: tuple[str, ...] = SPLITS) -> dict | None:
     """A shard's record, if it can be read and its token files hold the tokens it counts; else None."""
     try:
         record = json.loads(record_file.read_text())
@@ -161,7 +166,7 @@ def finished_shard(record_file: Path, itemsize: int) -> dict | None:
         return None
     if not all(isinstance(record.get(key), int) and record[key] >= 0 for key in COUNTS):
         return None
-    for split in SPLITS:
+    for split in splits:
         tokens = record_file.with_name(f"{record_file.stem}.{split}.bin")
         if not tokens.is_file() or tokens.stat().st_size != record[f"{split}_tokens"] * itemsize:
             return None
@@ -190,15 +195,16 @@ def encode_corpus(
     num_proc: int,
     shard_chars: int = SHARD_CHARS,
     progress: Callable[[dict], None] | None = None,
+    splits: tuple[str, ...] = SPLITS,
 ) -> dict[str, int]:
-    """Tokenize the corpus into shard files under folder, going on after the shards already recorded
-    there; returns the total counts."""
+    """Tokenize the corpus (those of its splits named) into shard files under folder, going on after the
+    shards already recorded there; returns the total counts."""
     folder.mkdir(parents=True, exist_ok=True)
-    records = read_records(folder, dtype)
+    records = read_records(folder, dtype, splits)
     if records:
         log.info("resuming: %d shards already tokenized", len(records))
     shards = cut_shards(corpus, len(records), records[-1]["position"] if records else None, shard_chars)
-    args = (tokenizer.to_str(), folder, dtype, can_split)
+    args = (tokenizer.to_str(), folder, dtype, can_split, splits)
 
     def finish(shard: Shard, counts: dict[str, int]) -> None:
         record = {"index": shard.index, **counts, "position": shard.position}
@@ -226,10 +232,11 @@ def encode_corpus(
     return {key: sum(r[key] for r in records) for key in COUNTS}
 
 
-def join_shards(folder: Path, count: int, target: Path) -> None:
-    """Concatenate the shards' files, in order, into target/train.bin and target/val.bin."""
-    for split in SPLITS:
-        with open(target / f"{split}.bin", "wb") as out:
+def join_shards(folder: Path, count: int, target: Path, names: dict[str, str] | None = None) -> None:
+    """Concatenate the shards' files, in order, into target/train.bin and target/val.bin (or, given
+    names, each split named there into the file it names)."""
+    for split, name in (names or {split: f"{split}.bin" for split in SPLITS}).items():
+        with open(target / name, "wb") as out:
             for index in range(count):
                 with open(folder / f"{index:06d}.{split}.bin", "rb") as part:
                     shutil.copyfileobj(part, out, 1 << 24)

@@ -278,6 +278,21 @@ def build_tokenizer(cfg, train_texts: Callable[[int | None], Iterator[str]]) -> 
     raise DataError(f"unknown tokenizer.kind {kind!r}; use bpe, char or pretrained")
 
 
+def with_dropout(tokenizer: Tokenizer, dropout: float) -> Tokenizer:
+    """The same tokenizer encoding with BPE-dropout (Provilkov et al., 2020): each merge is skipped with
+    probability `dropout`, so a word comes out in one of several splits, each into tokens of the same
+    vocabulary. Only a BPE model has merges to skip."""
+    spec = json.loads(tokenizer.to_str())
+    model = spec.get("model") or {}
+    if model.get("type") != "BPE":
+        raise DataError(
+            f"tokenizer.dropout={dropout} skips BPE merges, and this tokenizer's model is {model.get('type')}, "
+            "which has none; set tokenizer.dropout=0, or use a BPE tokenizer (tokenizer=bpe)"
+        )
+    model["dropout"] = dropout
+    return Tokenizer.from_str(json.dumps(spec))
+
+
 def eot_id(tokenizer: Tokenizer) -> int | None:
     return tokenizer.token_to_id(EOT)
 

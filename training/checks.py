@@ -343,6 +343,8 @@ SPEC: dict[str, Any] = {
     "tokenizer.vocab_size": Number(whole=True, max=COUNT_LIMIT),  # its least is BPE's: check_together says why
     "tokenizer.max_train_chars": STEPS,
     "tokenizer.path": PathText(),
+    "tokenizer.dropout": Number(min=0, below=1),
+    "tokenizer.dropout_copies": Number(whole=True, min=1, max=64),  # each a copy of train.bin on disk
     "data.source": Choice(("shakespeare", "text", "hub", "pydoc")),
     "data.path": PathText(optional=True),
     "data.url": Text(optional=True),

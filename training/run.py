@@ -325,7 +325,7 @@ def describe_run(settings: RunSettings, module: GPTModule) -> None:
         config.n_embd,
         config.block_size,
         config.vocab_size,
-        settings.tokens.meta.get("source"),
+        data_words(settings.tokens.meta),
         settings.tokens_per_step,
         settings.values["data"]["batch_size"],
         config.block_size,
@@ -336,6 +336,14 @@ def describe_run(settings: RunSettings, module: GPTModule) -> None:
     )
     if settings.resume_from:
         log.info("resuming from %s (step %d)", settings.resume_from, settings.resume_step)
+
+
+def data_words(meta: dict[str, Any]) -> str:
+    """The run's text, and its BPE-dropout encodings if it has them."""
+    copies = meta.get("train_copies")
+    if not copies:
+        return str(meta.get("source"))
+    return f"{meta.get('source')}, with {len(copies)} BPE-dropout encodings of its training split (dropout {meta.get('dropout')})"
 
 
 def describe_metrics(metrics: dict[str, Any]) -> str:

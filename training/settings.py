@@ -156,7 +156,11 @@ class RunSettings:
         """What config.yaml and each checkpoint hold: the settings, and the token cache entry."""
         return {
             **copy.deepcopy(self.values),
-            PREPARED: {"cache_key": self.tokens.key, "source": self.tokens.meta.get("source")},
+            PREPARED: {
+                "cache_key": self.tokens.key,
+                "source": self.tokens.meta.get("source"),
+                **({"encodings_made": made} if (made := self.tokens.meta.get("encodings_made")) else {}),
+            },
             MACHINE_CHOSEN: list(self.machine_chosen),
         }
 
@@ -413,7 +417,7 @@ def size_to_fallback(values: dict[str, Any], tokens: TokenCache, named: Iterable
 
 def resolve_resumed(checkpoint: Path, requested: dict[str, Any], named: Iterable[str]) -> RunSettings:
     """A continued run's settings: its checkpoint's, with what the command line may change applied."""
-    values, world_size, step, tokenizer, chosen, changed, saved = continue_settings(checkpoint, requested, named)
+    values, world_size, step, tokenizer, chosen, changed, saved, made = continue_settings(checkpoint, requested, named)
     if edited := edits_of_the_record(RunFolder(checkpoint.parent.parent), saved, checkpoint):
         warn(edited)
     for key, (was, now) in changed.items():
@@ -425,6 +429,12 @@ def resolve_resumed(checkpoint: Path, requested: dict[str, Any], named: Iterable
     if tokenizer is not None and tokens.tokenizer_json != tokenizer.to_str():
         warn("the token cache holds another tokenizer than the run's; tokenizing again with the run's own")
         tokens = prepare(values, given=tokenizer)
+    if made and tokens.meta.get("encodings_made") != made:
+        warn(
+            f"the BPE-dropout encodings of the training split in the token cache ({tokens.folder}) were made again "
+            "since this run started (its entry was deleted, or this is another cache); the run goes on with these, "
+            "which no seed makes equal to the first, so it does not continue bit for bit"
+        )
     values["tokens_per_step"], accumulation = global_batch(values, world_size)
     values["trainer"]["accumulate_grad_batches"] = accumulation
     model = GPTConfig.from_dict(values["model"])
@@ -443,6 +453,7 @@ class Continuation(NamedTuple):
     chosen: tuple[str, ...]  # the MACHINE_KEYS left to the machine
     changed: dict[str, tuple[Any, Any]]  # of those, the ones whose choice differs here: key -> (then, now)
     saved: dict[str, Any]  # the checkpoint's own settings, before the command line's changes
+    encodings_made: str | None  # the BPE-dropout encodings it trained on (data.prepare), if any
 
 
 def continue_settings(
@@ -491,7 +502,8 @@ def continue_settings(
                 f"then, {source.label} now: other files, sizes or times); continue it only with the same data, or "
                 f"start a new run from its weights with init_from={checkpoint}"
             )
-    return Continuation(values, world_size, header["step"], tokenizer, chosen, changed, saved)
+    made = prepared.get("encodings_made") if prepared else None
+    return Continuation(values, world_size, header["step"], tokenizer, chosen, changed, saved, made)
 
 
 def read_run_header(checkpoint: Path) -> dict[str, Any]:
