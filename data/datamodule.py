@@ -45,7 +45,7 @@ class RandomWindows(Dataset):
             which = rng.integers(0, len(self.encodings), size=self.batch_size)
             places = rng.random(size=self.batch_size)  # where in its encoding, as a share of the starts it has
             rows = []
-            for n, place in zip(which, places):
+            for n, place in zip(which, places, strict=True):
                 ids = self.encodings[n]
                 start = int(place * (len(ids) - self.block_size))
                 rows.append(ids[start : start + self.block_size + 1])
@@ -162,7 +162,11 @@ class TextDataModule(L.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         windows = RandomWindows(
-            self.prepare().train_encodings(), self.block_size, self.batch_size, self.seed, self.num_batches * self.world_size
+            self.prepare().train_encodings(),
+            self.block_size,
+            self.batch_size,
+            self.seed,
+            self.num_batches * self.world_size,
         )
         trainer = self.trainer
         if trainer is None:

@@ -23,7 +23,6 @@ from data.datamodule import RandomWindows, TextDataModule
 from data.prepare import corpus_key, prepare_corpus
 
 from .common import (
-    ROOT,
     TINY_OVERRIDES,
     assert_bit_equal,
     bpe_config,
@@ -75,9 +74,10 @@ def test_off_it_leaves_the_cache_key_as_it_was(tmp_path, small_text):
     (_, before) = corpus_key(data_cfg, bpe_config())
     assert corpus_key(data_cfg, bpe_config(dropout=0.0, dropout_copies=5))[1] == before
     assert corpus_key(data_cfg, bpe_config(dropout=0.1, dropout_copies=5))[1] != before
-    assert corpus_key(data_cfg, bpe_config(dropout=0.1, dropout_copies=6))[1] != corpus_key(
-        data_cfg, bpe_config(dropout=0.1, dropout_copies=5)
-    )[1]
+    assert (
+        corpus_key(data_cfg, bpe_config(dropout=0.1, dropout_copies=6))[1]
+        != corpus_key(data_cfg, bpe_config(dropout=0.1, dropout_copies=5))[1]
+    )
 
 
 def test_a_corpus_of_many_shards_across_processes(tmp_path, documents):
@@ -132,7 +132,9 @@ def test_a_tokenizer_without_merges_is_refused_and_leaves_nothing(tmp_path, smal
     tokenizer = OmegaConf.create(
         {"kind": "pretrained", "path": str(tmp_path / "words.json"), "dropout": 0.1, "dropout_copies": 2}
     )
-    with pytest.raises(DataError, match=r"tokenizer.dropout=0.1 skips BPE merges, and this tokenizer's model is WordLevel"):
+    with pytest.raises(
+        DataError, match=r"tokenizer.dropout=0.1 skips BPE merges, and this tokenizer's model is WordLevel"
+    ):
         prepare_corpus(data_config(cache_dir, path=str(small_text)), tokenizer)
     assert not cache_dir.exists()
 
