@@ -36,7 +36,7 @@ from .common import (
 )
 
 
-def prepared(cache_dir, path, dropout=0.1, copies=3, **data):
+def dropout_entry(cache_dir, path, dropout=0.1, copies=3, **data):
     tokenizer = bpe_config(dropout=dropout, dropout_copies=copies)
     return prepare_corpus(data_config(cache_dir, path=str(path), **data), tokenizer)
 
@@ -46,8 +46,8 @@ def decoded(tokenizer: Tokenizer, ids: np.ndarray) -> str:
 
 
 def test_the_entry_holds_the_training_split_encoded_again_with_merges_skipped(tmp_path, small_text):
-    cache = prepared(tmp_path / "with", small_text, copies=3)
-    plain = prepared(tmp_path / "without", small_text, dropout=0.0)
+    cache = dropout_entry(tmp_path / "with", small_text, copies=3)
+    plain = dropout_entry(tmp_path / "without", small_text, dropout=0.0)
     meta = cache.meta
     assert meta["dropout"] == 0.1 and len(meta["train_copies"]) == 3
     assert sorted(p.name for p in cache.folder.iterdir()) == sorted(
@@ -81,7 +81,7 @@ def test_off_it_leaves_the_cache_key_as_it_was(tmp_path, small_text):
 
 
 def test_a_corpus_of_many_shards_across_processes(tmp_path, documents):
-    cache = prepared(tmp_path, documents, copies=2, shard_chars=100_000, num_proc=2)
+    cache = dropout_entry(tmp_path, documents, copies=2, shard_chars=100_000, num_proc=2)
     tokenizer = Tokenizer.from_str(cache.tokenizer_json)
     base, *copies = cache.train_encodings()
     for ids in copies:
@@ -89,9 +89,9 @@ def test_a_corpus_of_many_shards_across_processes(tmp_path, documents):
 
 
 def test_a_later_run_reads_the_same_encodings(tmp_path, small_text, caplog):
-    first = prepared(tmp_path, small_text)
+    first = dropout_entry(tmp_path, small_text)
     with caplog.at_level(logging.INFO):
-        again = prepared(tmp_path, small_text)
+        again = dropout_entry(tmp_path, small_text)
     assert not again.made_now and again.folder == first.folder
     assert "BPE-dropout" not in caplog.text  # found, not encoded again
     for a, b in zip(first.train_encodings(), again.train_encodings(), strict=True):
@@ -99,26 +99,26 @@ def test_a_later_run_reads_the_same_encodings(tmp_path, small_text, caplog):
 
 
 def test_a_damaged_encoding_is_said_and_made_again(tmp_path, small_text, caplog):
-    cache = prepared(tmp_path, small_text, copies=2)
+    cache = dropout_entry(tmp_path, small_text, copies=2)
     damaged = cache.folder / "train.drop2.bin"
     damaged.write_bytes(damaged.read_bytes()[:-2])  # one token short
     with caplog.at_level(logging.WARNING):
         assert find_cache(tmp_path, cache.key) is None
     assert "train.drop2.bin holds" in caplog.text
-    again = prepared(tmp_path, small_text, copies=2)
+    again = dropout_entry(tmp_path, small_text, copies=2)
     assert again.made_now and len(again.train_encodings()[2]) == again.meta["train_copies"][1]
 
 
 def test_a_stopped_preparation_goes_on_with_the_encodings_it_finished(tmp_path, small_text, monkeypatch, caplog):
     monkeypatch.setenv("TINYGPT2_FAILPOINT", "cache_enospc:1")  # the joining fails, after every encoding
     with pytest.raises(DataError, match="is kept"):
-        prepared(tmp_path, small_text, copies=2)
+        dropout_entry(tmp_path, small_text, copies=2)
     monkeypatch.delenv("TINYGPT2_FAILPOINT")
     encoded = []
     real = data.prepare.encode_corpus
     monkeypatch.setattr(data.prepare, "encode_corpus", lambda *a, **k: encoded.append(a[3]) or real(*a, **k))
     with caplog.at_level(logging.INFO):
-        cache = prepared(tmp_path, small_text, copies=2)
+        cache = dropout_entry(tmp_path, small_text, copies=2)
     assert caplog.text.count("resuming: 1 shards already tokenized") == 3  # the split, then both encodings
     assert len(cache.train_encodings()) == 3 and len(encoded) == 3
 
@@ -252,7 +252,7 @@ def test_bad_values_are_refused_in_one_line_before_anything_is_made(args, line, 
 def test_encodings_of_a_large_corpus_say_what_they_cost(tmp_path, small_text, monkeypatch, caplog):
     monkeypatch.setattr(data.prepare, "LARGE_COPIES", 10_000)  # bytes: the small text's two encodings pass it
     with caplog.at_level(logging.WARNING):
-        prepared(tmp_path, small_text, copies=2)
+        dropout_entry(tmp_path, small_text, copies=2)
     [warning] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert re.fullmatch(
         r"tokenizer.dropout=0.1: its 2 BPE-dropout encodings of the training split take about 0.000\d+ GB more in the "
