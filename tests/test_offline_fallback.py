@@ -7,7 +7,7 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
-from training.settings import FALLBACK_PASSES, resolve
+from training.settings import FALLBACK_PASSES, FALLBACK_PASSES_BPE_DROPOUT, resolve
 
 from .common import NO_DOWNLOAD, TINY_MODEL_OVERRIDES, compose_config, only_run, run_script
 
@@ -23,15 +23,20 @@ def resolved(*overrides: str, named=(), data=OFFLINE):
     return settings
 
 
-def test_the_fallback_is_cut_to_a_few_passes_and_samples_from_endoftext(caplog):
-    settings = resolved()
+@pytest.mark.parametrize(
+    ("dropout", "passes"),
+    [("0.1", FALLBACK_PASSES_BPE_DROPOUT), ("0.0", FALLBACK_PASSES)],
+    ids=["bpe_dropout", "without"],
+)
+def test_the_fallback_is_cut_to_a_few_passes_and_samples_from_endoftext(caplog, dropout, passes):
+    settings = resolved(f"tokenizer.dropout={dropout}")
     train_tokens = settings.tokens.meta["train_tokens"]
     steps = settings.max_steps
     default = compose_config().trainer.max_steps
-    assert steps < default and steps == -(-FALLBACK_PASSES * train_tokens // (64 * 64))
+    assert steps < default and steps == -(-passes * train_tokens // (64 * 64))
     assert settings.values["samples"]["prompts"] == [""]  # not ROMEO: for Python's help texts
     [warning] = [r.getMessage() for r in caplog.records if "offline pydoc corpus" in r.getMessage()]
-    assert f"for {steps:,} steps ({FALLBACK_PASSES} passes" in warning and f"rather than {default:,}" in warning
+    assert f"for {steps:,} steps ({passes} passes" in warning and f"rather than {default:,}" in warning
     assert "data.path=" in warning
     assert settings.saved()["trainer"]["max_steps"] == steps  # what config.yaml records, and a resume keeps
 

@@ -87,8 +87,10 @@ CHANGEABLE_ON_RESUME = (
 WORKED_OUT = {"model.vocab_size": None, "tokens_per_step": None, "trainer.accumulate_grad_batches": 1}
 
 # Passes over a stand-in corpus (the offline pydoc text that data=shakespeare falls back to) after which
-# a run of it stops: more overfit so small a text (bench/README.md, "The offline fallback").
-FALLBACK_PASSES = 6
+# a run of it stops, without and with BPE-dropout (tokenizer.dropout): more overfit so small a text
+# (bench/README.md, "The offline fallback").
+FALLBACK_PASSES = 8
+FALLBACK_PASSES_BPE_DROPOUT = 14
 
 # Trainer settings resolved here rather than passed to lightning.Trainer as they are.
 RESOLVED_TRAINER_KEYS = ("strategy", "precision", "accumulate_grad_batches")
@@ -390,13 +392,15 @@ def left_to_the_machine(requested: dict[str, Any]) -> tuple[str, ...]:
 
 def size_to_fallback(values: dict[str, Any], tokens: TokenCache, named: Iterable[str]) -> None:
     """A run on a stand-in corpus (tokens.fallback says why) is cut to FALLBACK_PASSES passes over its
-    training tokens, unless the command line sets trainer.max_steps, and its samples start from
-    <|endoftext|> unless samples.prompts is given (the data's own prompts belong to the text it lacks).
-    Says so in one warning line."""
+    training tokens (FALLBACK_PASSES_BPE_DROPOUT when they were also encoded with BPE-dropout, which
+    lets a small text be passed over more before it is overfitted), unless the command line sets
+    trainer.max_steps, and its samples start from <|endoftext|> unless samples.prompts is given (the
+    data's own prompts belong to the text it lacks). Says so in one warning line."""
     if not tokens.fallback:
         return
     trainer, train_tokens = values["trainer"], tokens.meta["train_tokens"]
-    steps = -(-FALLBACK_PASSES * train_tokens // values["tokens_per_step"])
+    passes = FALLBACK_PASSES_BPE_DROPOUT if tokens.meta.get("dropout") else FALLBACK_PASSES
+    steps = -(-passes * train_tokens // values["tokens_per_step"])
     planned, steps = trainer["max_steps"], max(steps, values["optim"]["warmup_steps"] + 1)
     cut = "trainer.max_steps" not in set(named) and (planned == -1 or planned > steps)
     if cut:
@@ -405,7 +409,7 @@ def size_to_fallback(values: dict[str, Any], tokens: TokenCache, named: Iterable
         values["samples"]["prompts"] = [""]
     if cut:
         was = "the time budget" if planned == -1 else f"{planned:,}"
-        length = f"for {steps:,} steps ({FALLBACK_PASSES} passes over its {train_tokens:,} training tokens) rather than {was}, as more would overfit it"
+        length = f"for {steps:,} steps ({passes} passes over its {train_tokens:,} training tokens) rather than {was}, as more would overfit it"
     else:
         length = f"for trainer.max_steps={planned:,} as given ({planned * values['tokens_per_step'] / train_tokens:.1f} passes)"
     chars = tokens.meta["train_chars"] + tokens.meta["val_chars"]
