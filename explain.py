@@ -30,8 +30,12 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from generation.checkpoint import CheckpointError, given_or_newest, load_checkpoint
-from generation.cli import (
+from checkpoint import CheckpointError, given_or_newest, load_checkpoint
+from generation.session import PromptError, Session
+from generation.text import token_label
+from model import GPT
+from model.gpt import causal_mask
+from shell.programs import (
     Parser,
     Terminated,
     exit_quietly,
@@ -41,10 +45,6 @@ from generation.cli import (
     stops_raised,
     whole_number,
 )
-from generation.session import PromptError, Session
-from generation.text import token_label
-from model import GPT
-from model.gpt import causal_mask
 
 WIDTH = 92  # columns of the text output
 CODE_WIDTH = 46  # the column where shapes start

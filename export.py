@@ -31,9 +31,12 @@ import torch
 from safetensors import SafetensorError
 from tokenizers import Tokenizer
 
+from checkpoint import CheckpointError, Loaded, given_or_newest, load_checkpoint
 from data.tokenizer import EOT, UNK
-from generation.checkpoint import CheckpointError, Loaded, given_or_newest, load_checkpoint
-from generation.cli import (
+from model import GPT
+from model.hf import hf_config_dict, to_hf_state_dict
+from shell.output import OutputError, cannot_write, making_folders
+from shell.programs import (
     STOPS,
     Parser,
     Terminated,
@@ -43,10 +46,7 @@ from generation.cli import (
     stopped_status,
     stops_raised,
 )
-from generation.output import OutputError, cannot_write, making_folders
-from model import GPT
-from model.hf import hf_config_dict, to_hf_state_dict
-from training.run_folder import RunFolder
+from shell.run_folder import RunFolder
 
 TOLERANCE = 1e-4
 FILES = (

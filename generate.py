@@ -28,8 +28,11 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer
 
-from generation.checkpoint import CheckpointError, given_or_newest, load_checkpoint
-from generation.cli import (
+from checkpoint import CheckpointError, given_or_newest, load_checkpoint
+from generation.session import Completion, PromptError, Sampling, Session, not_utf8
+from generation.text import token_label, visible
+from shell.output import OutputError, cannot_write
+from shell.programs import (
     Parser,
     Terminated,
     exit_quietly,
@@ -40,9 +43,6 @@ from generation.cli import (
     stops_raised,
     whole_number,
 )
-from generation.output import OutputError, cannot_write
-from generation.session import Completion, PromptError, Sampling, Session, not_utf8
-from generation.text import token_label, visible
 
 
 class UsageError(ValueError):

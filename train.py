@@ -20,7 +20,7 @@ import signal
 if __name__ == "__main__":
     gc.disable()
     signal.signal(signal.SIGINT, signal.SIG_DFL)
-    from training.lean_imports import skip_unused_torchmetrics_imports
+    from shell.lean_imports import skip_unused_torchmetrics_imports
 
     skip_unused_torchmetrics_imports()  # transformers and matplotlib: imported where used, not with Lightning
 
@@ -39,9 +39,9 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from training.command_line import CommandLineError
-from training.config_groups import named_settings
-from training.ctrl_c import (
+from shell.command_line import CommandLineError
+from shell.config_groups import named_settings
+from shell.ctrl_c import (
     WATCH,
     defer_stop,
     hold_ctrl_c,
@@ -50,15 +50,15 @@ from training.ctrl_c import (
     report_ctrl_c,
     stopped_by_ctrl_c,
 )
-from training.errors import USER_ERRORS, ProcessLost, RunWriteError, TrainingDiverged
-from training.job_logging import log_libraries_to_file, quiet_console_of_other_processes, to_log_file
-from training.launch import Launch
-from training.run_folder import RunFolder, RunFolderError, process_rank, script
-from training.sweep import OBJECTIVE, end_stopped_trials, how_to_continue_sweep, result_record, summarize
-from training.sweep_launch import CONTINUED_SWEEP
+from shell.errors import USER_ERRORS, ProcessLost, RunWriteError, TrainingDiverged
+from shell.job_logging import log_libraries_to_file, quiet_console_of_other_processes, to_log_file
+from shell.launch import Launch
+from shell.run_folder import RunFolder, RunFolderError, process_rank, script
+from shell.sweep import OBJECTIVE, end_stopped_trials, how_to_continue_sweep, result_record, summarize
+from shell.sweep_launch import CONTINUED_SWEEP
 
 if TYPE_CHECKING:
-    from training.run import RunResult
+    from shell.run import RunResult
 
 log = logging.getLogger("train")
 
@@ -101,7 +101,7 @@ def continue_job(cfg: DictConfig, folder: RunFolder) -> float | None:
     """A job of a sweep being continued (python train.py -m resume=SWEEP), before it trains: one that
     finished is kept as it is (its objective returned), a stopped one continues from its checkpoint, and
     what one that stopped before its first checkpoint wrote goes; None where it trains."""
-    from training.run import describe_metrics
+    from shell.run import describe_metrics
 
     state = folder.continuation()
     if state == "finished":
@@ -130,7 +130,7 @@ def continue_job(cfg: DictConfig, folder: RunFolder) -> float | None:
 def run_job(cfg: DictConfig, defaults: dict) -> float | None:
     """main's work: train the run Hydra composed (`defaults`: the settings with no override), and say how
     it ended."""
-    from training.run import train  # Lightning: loaded once the command line is known to be good
+    from shell.run import train  # Lightning: loaded once the command line is known to be good
 
     if not gc.isenabled():  # the first job of the process: start-up is over (see gc.disable above)
         gc.freeze()
@@ -182,7 +182,7 @@ def ended_by_error(err: Exception, hydra_cfg: DictConfig, requested: dict, overr
 def report_result(result: RunResult, hydra_cfg: DictConfig) -> float | None:
     """How a run that trained ended, said by the first process: stopped (with how to continue it, which
     ends a sweep), or done (with its metrics and how to sample from it); returns its final val/bpc."""
-    from training.run import describe_metrics
+    from shell.run import describe_metrics
 
     run_dir = Path(hydra_cfg.runtime.output_dir)
     multirun = hydra_cfg.mode == RunMode.MULTIRUN

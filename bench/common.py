@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NoReturn
 
-from generation.cli import exit_quietly, run_program
+from shell.programs import exit_quietly, run_program
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -33,7 +33,7 @@ def shakespeare() -> Path:
 def finished_metrics(run: Path, what: str) -> dict[str, float]:
     """The final metrics a train.py run recorded in its result.json. A run that a signal sent to it
     alone stopped early exits 0 too, with no final validation: refused in one line."""
-    from training.run_folder import RunFolder
+    from shell.run_folder import RunFolder
 
     result = RunFolder(run).read_result()
     if not result.get("finished"):

@@ -27,10 +27,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import common  # noqa: E402
+from checkpoint import CheckpointError, first_line, given_or_newest, load_checkpoint  # noqa: E402
 from data.errors import DataError  # noqa: E402
 from data.prepare import tokens_per_char  # noqa: E402
-from generation.checkpoint import CheckpointError, first_line, given_or_newest, load_checkpoint  # noqa: E402
-from training.settings import prepare  # noqa: E402
+from shell.settings import prepare  # noqa: E402
 
 BATCH = 256  # windows scored at once
 

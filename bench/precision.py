@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench import common  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
-from training.flops import cpu_flags  # noqa: E402
+from shell.flops import cpu_flags  # noqa: E402
 from training.optim import make_adamw  # noqa: E402
 
 SHAPES = {  # (layers, heads, width, context, batch)

@@ -4,7 +4,7 @@ loop over the same model, data and optimizer, the two taking turns step by step 
     python bench/train.py            # nanoGPT's CPU recipe shape and the baby shape, eager and compiled (12-15 min)
     python bench/train.py --quick    # fewer steps, one run per shape, no compiled runs
 
-The run is `training.run.train`, what `python train.py` calls, on a config composed from the same
+The run is `shell.run.train`, what `python train.py` calls, on a config composed from the same
 command-line overrides. One more callback, the last, runs a step of the bare loop after each of
 train.py's steps, so the two see the machine in the same state: on a shared machine the speed moves
 by 10-20% from minute to minute, far more than the 3% this measures, and runs taken one after the
@@ -35,9 +35,9 @@ sys.path.insert(0, str(ROOT))
 from bench import common  # noqa: E402
 from data.datamodule import TextDataModule  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
-from training.flops import cpu_peak_flops, flops_per_token  # noqa: E402
+from shell.flops import cpu_peak_flops, flops_per_token  # noqa: E402
+from shell.run import train  # noqa: E402
 from training.optim import lr_factor, make_adamw  # noqa: E402
-from training.run import train  # noqa: E402
 
 SHAKESPEARE = common.shakespeare()
 

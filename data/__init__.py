@@ -1,5 +1,5 @@
 """Text sources, tokenizers and the token cache; the Lightning data module lives in data.datamodule."""
 
-from .errors import DataError
+from data.errors import DataError
 
 __all__ = ["DataError"]

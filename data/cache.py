@@ -44,8 +44,8 @@ from typing import Any
 import numpy as np
 from filelock import FileLock, Timeout
 
-from .errors import DataError
-from .writes import RefusedWrite, refused_write
+from data.errors import DataError
+from data.writes import RefusedWrite, refused_write
 
 log = logging.getLogger(__name__)
 

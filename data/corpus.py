@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .errors import DataError
+from data.errors import DataError
 
 if TYPE_CHECKING:  # a part only holds a function that opens its stream: the sources import datasets
     import datasets

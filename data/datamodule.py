@@ -11,8 +11,8 @@ import torch
 from tokenizers import Tokenizer
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from .cache import TokenCache
-from .prepare import check_sizes, prepare_corpus, tokens_per_char
+from data.cache import TokenCache
+from data.prepare import check_sizes, prepare_corpus, tokens_per_char
 
 log = logging.getLogger(__name__)
 

@@ -18,8 +18,8 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
-from .errors import DataError
-from .tokenizer import safe_pieces
+from data.errors import DataError
+from data.tokenizer import safe_pieces
 
 FORMATS = {".txt": "txt", ".text": "txt", ".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
 READ_BYTES = 1 << 20

@@ -22,12 +22,12 @@ import numpy as np
 from omegaconf import OmegaConf
 from tokenizers import Tokenizer
 
-from .cache import FORMAT_VERSION, TokenCache, build_cache, copy_name, find_cache, fingerprint, token_dtype
-from .errors import DataError
-from .files import count, file_stats
-from .shards import PIECE_CHARS, SHARD_CHARS, encode_corpus, join_shards, read_records
-from .sources import Source, changed_file, describe
-from .tokenizer import build_tokenizer, load_pretrained, pretrained_files, splits_safely, with_dropout
+from data.cache import FORMAT_VERSION, TokenCache, build_cache, copy_name, find_cache, fingerprint, token_dtype
+from data.errors import DataError
+from data.files import count, file_stats
+from data.shards import PIECE_CHARS, SHARD_CHARS, encode_corpus, join_shards, read_records
+from data.sources import Source, changed_file, describe
+from data.tokenizer import build_tokenizer, load_pretrained, pretrained_files, splits_safely, with_dropout
 
 log = logging.getLogger(__name__)
 

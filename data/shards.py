@@ -40,10 +40,10 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
-from .cache import write_json
-from .corpus import Corpus, Item
-from .errors import DataError
-from .tokenizer import EOT, safe_pieces
+from data.cache import write_json
+from data.corpus import Corpus, Item
+from data.errors import DataError
+from data.tokenizer import EOT, safe_pieces
 
 log = logging.getLogger(__name__)
 

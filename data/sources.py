@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
-from .cache import missing_folders, remove_if_empty
-from .corpus import Corpus, Part
-from .errors import DataError
-from .files import expand_paths, file_stats, find_not_utf8, text_rows
+from data.cache import missing_folders, remove_if_empty
+from data.corpus import Corpus, Part
+from data.errors import DataError
+from data.files import expand_paths, file_stats, find_not_utf8, text_rows
 
 if TYPE_CHECKING:
     import datasets
@@ -391,7 +391,7 @@ def hub_error(err: Exception, name: str) -> Exception:
 def shakespeare_source(cfg) -> Source:
     """Tiny Shakespeare from data.path, else the cache, else a local copy, else a download (then cached);
     with none of those, the offline pydoc corpus, marked as a stand-in (the run sizes itself to it and
-    says so: training.settings)."""
+    says so: shell.settings)."""
     if cfg.get("path"):
         check_plain_text(cfg)
         return files_source(cfg, cfg.path)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-from .errors import DataError
+from data.errors import DataError
 
 log = logging.getLogger(__name__)
 

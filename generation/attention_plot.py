@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from generation.output import making_folders
+from shell.output import making_folders
 
 MAX_LABELS = 96  # beyond this many tokens, label every n-th one so the labels stay legible
 

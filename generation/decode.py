@@ -13,10 +13,9 @@ from collections.abc import Iterable, Iterator
 
 import torch
 
+from generation.sampling import Generators, check_sampling, sample
+from generation.step import CudaGraphStep, OneTokenStep
 from model import GPT
-
-from .sampling import Generators, check_sampling, sample
-from .step import CudaGraphStep, OneTokenStep
 
 # One recorded CUDA graph per model, reused while its batch size, dtype and weights' memory stay the same.
 _graph_steps: weakref.WeakKeyDictionary[GPT, tuple[tuple, CudaGraphStep]] = weakref.WeakKeyDictionary()

@@ -11,11 +11,10 @@ import torch
 from tokenizers import Tokenizer
 
 from data.tokenizer import EOT, UNK
+from generation.decode import stream
+from generation.sampling import Generators, check_sampling
+from generation.text import TextStream
 from model import GPT
-
-from .decode import stream
-from .sampling import Generators, check_sampling
-from .text import TextStream
 
 
 class PromptError(ValueError):

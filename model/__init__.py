@@ -1,6 +1,6 @@
 """The GPT-2 model: needs only torch."""
 
-from .config import ConfigError, GPTConfig
-from .gpt import GPT
+from model.config import ConfigError, GPTConfig
+from model.gpt import GPT
 
 __all__ = ["GPT", "GPTConfig", "ConfigError"]

@@ -18,8 +18,8 @@ from torch import nn
 if TYPE_CHECKING:
     from generation.sampling import Generators
 
-from .cache import KVCache
-from .config import GPTConfig
+from model.cache import KVCache
+from model.config import GPTConfig
 
 
 def causal_mask(n_queries: int, n_keys: int, device) -> torch.Tensor:
@@ -249,7 +249,7 @@ class GPT(nn.Module):
     def from_checkpoint(cls, path, map_location="cpu") -> GPT:
         """A model in eval mode from a `.ckpt` file, a run folder, or a Hugging Face GPT-2 folder
         (config.json + model.safetensors or pytorch_model.bin, e.g. one written by export.py):
-        `generation.checkpoint.load_checkpoint`."""
-        from generation.checkpoint import load_checkpoint
+        `checkpoint.load_checkpoint`."""
+        from checkpoint import load_checkpoint
 
         return load_checkpoint(path, map_location=map_location).model

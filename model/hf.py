@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from .config import ConfigError, GPTConfig
+from model.config import ConfigError, GPTConfig
 
 CONV1D_SUFFIXES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 HF_BUFFERS = (".attn.bias", ".attn.masked_bias")  # causal-mask buffers older checkpoints carry

@@ -24,7 +24,7 @@ os.environ["MPLCONFIGDIR"] = str(_LIBRARY_CACHES / "matplotlib")
 # also what such small models train fastest on.
 os.environ["OMP_NUM_THREADS"] = "1"
 
-from .common import (  # noqa: E402  (after the environment above)
+from tests.common import (  # noqa: E402  (after the environment above)
     NEEDS_SHAKESPEARE,
     PUT_SHAKESPEARE,
     ROOT,
@@ -34,7 +34,7 @@ from .common import (  # noqa: E402  (after the environment above)
     snapshot,
     write_documents,
 )
-from .tiny import tiny_gpt, tiny_run, tiny_text, tiny_tokenizer, transformers_folder  # noqa: E402, F401  (shared fixtures)
+from tests.tiny import tiny_gpt, tiny_run, tiny_text, tiny_tokenizer, transformers_folder  # noqa: E402, F401  (shared fixtures)
 
 # Where the scripts write given relative paths (runs_root, latest_link, Hydra's sweep folder, and
 # Lightning's and wandb's own defaults), in the checkout and in the folder pytest was started in

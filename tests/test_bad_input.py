@@ -11,12 +11,11 @@ import pytest
 import torch
 
 import generate
+from checkpoint import CheckpointError, read_weights
 from data.tokenizer import train_char
-from generation.checkpoint import CheckpointError, read_weights
-from training.launch import check_command_line
-
-from .common import ROOT, TINY_OVERRIDES, damaged_copy, one_error_line, run_script
-from .tiny import train_tiny_gpt, write_checkpoint
+from shell.launch import check_command_line
+from tests.common import ROOT, TINY_OVERRIDES, damaged_copy, one_error_line, run_script
+from tests.tiny import train_tiny_gpt, write_checkpoint
 
 
 def refused_command_line(*args: str) -> str:

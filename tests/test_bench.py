@@ -10,7 +10,15 @@ import subprocess
 import pytest
 import torch
 
-from .common import TINY_OVERRIDES, one_error_line, run_script, script_environment, start_script, stop_at, validations
+from tests.common import (
+    TINY_OVERRIDES,
+    one_error_line,
+    run_script,
+    script_environment,
+    start_script,
+    stop_at,
+    validations,
+)
 
 
 def plays(path, speeches: int = 2000):

@@ -21,8 +21,7 @@ from data import DataError
 from data.cache import find_cache
 from data.datamodule import RandomWindows, TextDataModule
 from data.prepare import corpus_key, prepare_corpus
-
-from .common import (
+from tests.common import (
     TINY_OVERRIDES,
     assert_bit_equal,
     bpe_config,

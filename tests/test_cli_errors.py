@@ -23,11 +23,10 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 import explain
 import export
 import generate
-from generation.checkpoint import DamagedCheckpoint, read_header, read_weights
-from generation.cli import STOPS, Terminated, stops_raised
-
-from .common import ROOT, damaged_copy, flipped_copy, one_error_line, run_script, snapshot, start_script, stop_at
-from .tiny import train_tiny_gpt, write_checkpoint
+from checkpoint import DamagedCheckpoint, read_header, read_weights
+from shell.programs import STOPS, Terminated, stops_raised
+from tests.common import ROOT, damaged_copy, flipped_copy, one_error_line, run_script, snapshot, start_script, stop_at
+from tests.tiny import train_tiny_gpt, write_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -862,7 +861,7 @@ def test_a_stop_after_the_work_is_done_changes_neither_status_nor_stderr(signum)
     nor does it turn the status of a finished run (an export in place) into a stopped one's."""
     code = (
         "import atexit, os, signal\n"
-        "from generation.cli import exit_quietly\n"
+        "from shell.programs import exit_quietly\n"
         f"atexit.register(lambda: os.kill(os.getpid(), {int(signum)}))\n"
         "exit_quietly(3)\n"
     )
@@ -880,7 +879,7 @@ STOPPED_ARGS = {"generate.py": ["--attention-png", "a/b.png"], "explain.py": [],
     "program, moment",
     [
         *((program, "argparse:ArgumentParser.parse_known_args") for program in STOPPED_ARGS),
-        *((program, "generation.checkpoint:load_checkpoint") for program in STOPPED_ARGS),
+        *((program, "checkpoint:load_checkpoint") for program in STOPPED_ARGS),
     ],
 )
 def test_a_stop_as_the_arguments_are_read_or_the_model_loads_ends_in_one_line(

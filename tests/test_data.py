@@ -19,8 +19,7 @@ from data.datamodule import ContiguousWindows, RandomWindows, TextDataModule
 from data.files import expand_paths
 from data.sources import describe
 from data.tokenizer import EOT, train_bpe
-
-from .common import SHAKESPEARE_CHARS, bpe_config, data_config, hub_folder, stories
+from tests.common import SHAKESPEARE_CHARS, bpe_config, data_config, hub_folder, stories
 
 
 def prepared(tmp_path, block_size=8, tokenizer=None, **data):

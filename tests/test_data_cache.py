@@ -26,8 +26,7 @@ from data import DataError
 from data.cache import find_cache
 from data.datamodule import TextDataModule
 from data.tokenizer import EOT
-
-from .common import (
+from tests.common import (
     CHAR_TOKENIZER,
     ROOT,
     TINY_OVERRIDES,

@@ -12,8 +12,7 @@ from omegaconf import OmegaConf
 
 from data import DataError
 from data.datamodule import TextDataModule
-
-from .common import TINY_OVERRIDES, bpe_config, data_config, hub_folder, one_error_line, run_script
+from tests.common import TINY_OVERRIDES, bpe_config, data_config, hub_folder, one_error_line, run_script
 
 
 def refused_preparation(tmp_path, tokenizer=None, block_size=32, tokenized=False, **data) -> str:

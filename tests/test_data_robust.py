@@ -25,8 +25,7 @@ import data.tokenizer
 from data.prepare import prepare_corpus
 from data.shards import SPLITS, ShardEncoder
 from data.tokenizer import EOT, TRAIN_RUN, train_bpe, train_char, training_pre_tokenizer
-
-from .common import CHAR_TOKENIZER, ROOT, data_config
+from tests.common import CHAR_TOKENIZER, ROOT, data_config
 
 # ---- BPE training on text without spaces ------------------------------------------------------------
 

@@ -8,11 +8,10 @@ import datasets
 import pytest
 from tokenizers import Tokenizer
 
+from checkpoint import load_checkpoint
 from data.tokenizer import EOT, train_bpe
-from generation.checkpoint import load_checkpoint
-from training.run import train
-
-from .common import NO_DOWNLOAD, TINY_OVERRIDES, compose_config, find_tiny_shakespeare, hub_folder, stories
+from shell.run import train
+from tests.common import NO_DOWNLOAD, TINY_OVERRIDES, compose_config, find_tiny_shakespeare, hub_folder, stories
 
 
 def source_overrides(kind: str, tmp_path, small_text) -> list[str]:

@@ -11,11 +11,10 @@ import pytest
 import torch
 
 import explain
+from checkpoint import load_checkpoint
 from data.tokenizer import train_char
-from generation.checkpoint import load_checkpoint
-
-from .common import ROOT, one_error_line, run_script
-from .tiny import untrained_gpt, write_checkpoint
+from tests.common import ROOT, one_error_line, run_script
+from tests.tiny import untrained_gpt, write_checkpoint
 
 
 def explained(capsys, *args) -> tuple[dict, str]:

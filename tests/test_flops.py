@@ -8,8 +8,7 @@ import json
 import pytest
 import torch
 
-from training.callbacks import Throughput
-from training.flops import (
+from shell.flops import (
     cpu_key,
     cpu_peak_flops,
     fastest_seen,
@@ -19,6 +18,7 @@ from training.flops import (
     theoretical_cpu_peak_flops,
     this_cpu_theoretical_peak,
 )
+from training.callbacks import Throughput
 
 # /proc/cpuinfo of one logical CPU of a 4-core, 8-thread AVX2 machine, idling at 1.2 GHz
 XEON = """processor\t: 0

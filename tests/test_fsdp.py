@@ -12,12 +12,11 @@ from omegaconf import OmegaConf
 
 import generate
 from model import GPT
-from training.checks import SettingError
+from shell.checks import SettingError
+from shell.settings import check
+from tests.common import TINY_OVERRIDES, compose_config, run_script
+from tests.tiny import tiny_config
 from training.module import shard
-from training.settings import check
-
-from .common import TINY_OVERRIDES, compose_config, run_script
-from .tiny import tiny_config
 
 
 @pytest.fixture

@@ -16,8 +16,7 @@ from matplotlib.image import imread
 import generate
 from generation.attention_plot import save_attention_png
 from generation.text import StopStrings, TextStream
-
-from .common import ROOT, run_in_terminal
+from tests.common import ROOT, run_in_terminal
 
 HEADER = re.compile(r"^-{20} sample (\d+) \(seed (\d+)\) -{20}\n", re.MULTILINE)
 
@@ -409,7 +408,7 @@ def test_control_characters_are_shown_escaped_in_a_terminal_and_kept_in_a_pipe(t
 def test_training_samples_are_what_generate_py_writes_with_the_same_settings(tiny_run, tiny_gpt, capsys):
     """The samples written during training and generate.py go through one session: same encoding,
     same stop at <|endoftext|>, same text for the same seed."""
-    from generation.checkpoint import load_checkpoint
+    from checkpoint import load_checkpoint
     from training.callbacks import TextSamples
 
     loaded = load_checkpoint(tiny_run)

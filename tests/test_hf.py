@@ -16,12 +16,11 @@ from tokenizers import Tokenizer
 
 import export
 import generate
-from generation.checkpoint import META_KEY, CheckpointError, load_checkpoint
+from checkpoint import META_KEY, CheckpointError, load_checkpoint
 from model import GPT
 from model.hf import from_hf_state_dict
-
-from .common import TINY_OVERRIDES, one_error_line, run_script, script_command, script_environment
-from .tiny import EOT, train_tiny_gpt, write_checkpoint
+from tests.common import TINY_OVERRIDES, one_error_line, run_script, script_command, script_environment
+from tests.tiny import EOT, train_tiny_gpt, write_checkpoint
 
 transformers.utils.logging.set_verbosity_error()
 transformers.utils.logging.disable_progress_bar()

@@ -12,13 +12,12 @@ import torch
 from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer
 
-from generation.checkpoint import CheckpointError, load_checkpoint
+from checkpoint import CheckpointError, load_checkpoint
 from model import ConfigError
-from training.init_from import kept_tokenizer, model_keys_in, start_from
-from training.run import train
-
-from .common import TINY_OVERRIDES, compose_config, run_script
-from .tiny import train_tiny_gpt, write_checkpoint
+from shell.init_from import kept_tokenizer, model_keys_in, start_from
+from shell.run import train
+from tests.common import TINY_OVERRIDES, compose_config, run_script
+from tests.tiny import train_tiny_gpt, write_checkpoint
 
 # the tiny run settings, minus the model shape and tokenizer: those come from init_from
 RUN = [*(o for o in TINY_OVERRIDES if not o.startswith(("model.", "tokenizer."))), "samples.enabled=false"]
@@ -109,7 +108,7 @@ def test_a_fine_tune_whose_context_differs_from_the_preset_resolves_its_batch_wi
     continued: 8 sequences of the checkpoint's 64 tokens, where the nano preset has 32."""
     import yaml
 
-    from training.launch import check_command_line
+    from shell.launch import check_command_line
 
     wide = write_checkpoint(
         tmp_path / "wide.ckpt", train_tiny_gpt(tiny_tokenizer, tiny_text, steps=1, block_size=64), tiny_tokenizer

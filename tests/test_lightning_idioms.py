@@ -11,14 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from generation.checkpoint import META_KEY
+from checkpoint import META_KEY
 from model import GPT, GPTConfig
+from shell.run import train
+from shell.run_folder import RunFolder
+from tests.common import TINY_OVERRIDES, compose_config, run_script
+from tests.tiny import tiny_config
 from training.module import GPTModule
-from training.run import train
-from training.run_folder import RunFolder
-
-from .common import TINY_OVERRIDES, compose_config, run_script
-from .tiny import tiny_config
 
 OPTIM = {
     "lr": 1e-3,

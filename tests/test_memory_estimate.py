@@ -10,9 +10,8 @@ import pytest
 import torch
 
 from model import GPT, GPTConfig
-from training.memory import check_fits, free_memory, parameter_count, step_memory, tight_fit
-
-from .common import TINY_OVERRIDES, one_error_line, run_script
+from shell.memory import check_fits, free_memory, parameter_count, step_memory, tight_fit
+from tests.common import TINY_OVERRIDES, one_error_line, run_script
 
 
 def saved_for_backward(model: GPT, batch: int) -> tuple[int, int]:
@@ -131,7 +130,7 @@ def test_many_processes_are_counted_with_what_each_holds_before_its_model():
 
 
 def test_more_processes_than_cores_are_warned_of(caplog):
-    from training.settings import check_memory
+    from shell.settings import check_memory
 
     values = {
         "trainer": {"accelerator": "cpu", "num_nodes": 1, "precision": "32-true"},
@@ -143,7 +142,7 @@ def test_more_processes_than_cores_are_warned_of(caplog):
     os.sched_setaffinity(0, {min(allowed)})  # a share of the machine (taskset, a container): the cores it may use
     cores = 1
     try:
-        with caplog.at_level(logging.WARNING, logger="training.settings"):
+        with caplog.at_level(logging.WARNING, logger="shell.settings"):
             check_memory(values, tiny, cores)
             assert not caplog.records
             check_memory(values, tiny, cores + 1)

@@ -12,9 +12,8 @@ from generation.step import OneTokenStep, StaticStep
 from model import GPT, ConfigError, GPTConfig
 from model.gpt import CausalSelfAttention
 from model.hf import from_hf_state_dict, hf_config_dict
-
-from .common import ROOT
-from .tiny import TINY_VOCAB, tiny_config, untrained_gpt
+from tests.common import ROOT
+from tests.tiny import TINY_VOCAB, tiny_config, untrained_gpt
 
 # ---- the combined c_attn projection ----------------------------------------------------------------
 

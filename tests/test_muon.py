@@ -10,10 +10,9 @@ import pytest
 import torch
 
 from model import GPT
+from tests.common import TINY_OVERRIDES, assert_same, only_run, run_script
+from tests.tiny import TINY_VOCAB, tiny_config
 from training.optim import NEWTON_SCHULZ, Muon, MuonAdamW, block_matrices, orthogonalize
-
-from .common import TINY_OVERRIDES, assert_same, only_run, run_script
-from .tiny import TINY_VOCAB, tiny_config
 
 TORCH_MUON = pytest.mark.skipif(
     not hasattr(torch.optim, "Muon"), reason="compares with torch.optim.Muon, which torch 2.9 and newer have"

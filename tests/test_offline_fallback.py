@@ -7,9 +7,8 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
-from training.settings import FALLBACK_PASSES, FALLBACK_PASSES_BPE_DROPOUT, resolve
-
-from .common import NO_DOWNLOAD, TINY_MODEL_OVERRIDES, compose_config, only_run, run_script
+from shell.settings import FALLBACK_PASSES, FALLBACK_PASSES_BPE_DROPOUT, resolve
+from tests.common import NO_DOWNLOAD, TINY_MODEL_OVERRIDES, compose_config, only_run, run_script
 
 OFFLINE = ["data.local_copies=[]", f"data.url={NO_DOWNLOAD}"]  # as on a machine with neither
 # a global batch large enough that the corpus is a few hundred steps, as with the default model

@@ -8,12 +8,11 @@ import pytest
 import torch
 
 from model import GPTConfig
-from training.checks import SettingError, check_together
-from training.flops import flops_per_token, gpu_peak_flops
+from shell.checks import SettingError, check_together
+from shell.flops import flops_per_token, gpu_peak_flops
+from shell.settings import Machine, choose_precision, global_batch
+from tests.tiny import untrained_gpt
 from training.optim import lr_factor, make_adamw, parameter_groups
-from training.settings import Machine, choose_precision, global_batch
-
-from .tiny import untrained_gpt
 
 
 def test_warmup_is_linear_up_to_the_peak():

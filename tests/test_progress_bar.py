@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from .common import ROOT, TINY_OVERRIDES, run_in_terminal
+from tests.common import ROOT, TINY_OVERRIDES, run_in_terminal
 
 pytestmark = pytest.mark.slow
 

@@ -23,9 +23,7 @@ import pytest
 import torch
 import yaml
 
-from training.checkpointing import BestCheckpoint
-
-from .common import (
+from tests.common import (
     ROOT,
     TINY_OVERRIDES,
     assert_bit_equal,
@@ -40,6 +38,7 @@ from .common import (
     train_losses,
     validations,
 )
+from training.checkpoints import BestCheckpoint
 
 pytestmark = pytest.mark.slow
 

@@ -17,14 +17,13 @@ import pytest
 import torch
 import yaml
 
-from training.checks import SettingError
-from training.launch import Launch, check_command_line
-from training.run import train as train_run
-from training.run_folder import RunFolder, RunFolderError, claim_new_folder
-from training.settings import check_continuation, contradiction, edits_of_the_record
-from training.sweep import how_to_continue_sweep
-
-from .common import (
+from shell.checks import SettingError
+from shell.launch import Launch, check_command_line
+from shell.run import train as train_run
+from shell.run_folder import RunFolder, RunFolderError, claim_new_folder
+from shell.settings import check_continuation, contradiction, edits_of_the_record
+from shell.sweep import how_to_continue_sweep
+from tests.common import (
     ROOT,
     TINY_OVERRIDES,
     assert_bit_equal,
@@ -1106,7 +1105,7 @@ def test_trainer_takes_any_lightning_argument(small_text, tmp_path):
 
 
 def test_two_runs_started_in_the_same_second_get_two_folders(monkeypatch, small_text, tmp_path):
-    import training.run_folder as run_folder
+    import shell.run_folder as run_folder
 
     class Frozen:
         @staticmethod

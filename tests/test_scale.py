@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from .common import (
+from tests.common import (
     ROOT,
     TINY_MODEL_OVERRIDES,
     TINY_OVERRIDES,
@@ -273,8 +273,8 @@ def test_an_error_that_stops_a_ddp_run_is_said_once_without_a_traceback(failpoin
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and errors[0].startswith(said), proc.stderr[-3000:]
     # and the other process's log lines go to train.log alone, not to the console a second time
-    assert (proc.stdout + proc.stderr).count("][training.run][INFO] - model: ") == 1, proc.stdout[-3000:]
-    assert (tmp_path / "run" / "train.log").read_text().count("][training.run][INFO] - model: ") == 2
+    assert (proc.stdout + proc.stderr).count("][shell.run][INFO] - model: ") == 1, proc.stdout[-3000:]
+    assert (tmp_path / "run" / "train.log").read_text().count("][shell.run][INFO] - model: ") == 2
 
 
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="finds the launch's processes in /proc")

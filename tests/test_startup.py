@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from .common import ROOT, TINY_OVERRIDES, run_script, script_environment
+from tests.common import ROOT, TINY_OVERRIDES, run_script, script_environment
 
 # What generate.py never needs: the training stack, the trackers, Hugging Face's libraries, plotting
 NOT_FOR_GENERATING = {

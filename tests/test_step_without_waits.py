@@ -13,11 +13,10 @@ import torch
 from omegaconf import OmegaConf
 from torch.overrides import TorchFunctionMode
 
-from training.errors import TrainingDiverged
-from training.run import train
-from training.settings import Machine, check, choose_compile
-
-from .common import TINY_OVERRIDES, checkpoint_weights, compose_config
+from shell.errors import TrainingDiverged
+from shell.run import train
+from shell.settings import Machine, check, choose_compile
+from tests.common import TINY_OVERRIDES, checkpoint_weights, compose_config
 
 # Tensor methods that hand a tensor's values to Python: on a GPU, each waits for the device.
 READ_BACKS = {

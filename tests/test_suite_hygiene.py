@@ -18,9 +18,8 @@ from pathlib import Path
 import pytest
 
 from data.sources import describe
-
-from . import conftest
-from .common import (
+from tests import conftest
+from tests.common import (
     NO_DOWNLOAD,
     PUT_SHAKESPEARE,
     ROOT,

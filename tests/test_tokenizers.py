@@ -14,8 +14,7 @@ from tokenizers.decoders import DecodeStream
 
 from data.datamodule import TextDataModule
 from data.tokenizer import EOT, UNK, is_safe_cut, load_pretrained, safe_pieces, splits_safely, train_bpe, train_char
-
-from .common import bpe_config, data_config
+from tests.common import bpe_config, data_config
 
 SAMPLE = "ROMEO: Thou art — déjà vu 🙂 \n\n  odd   spacing\tand\r\nends"
 
@@ -199,7 +198,7 @@ def test_a_tokenizer_that_loses_much_of_the_text_is_named_with_its_share(tmp_pat
 @pytest.mark.slow
 def test_train_py_says_how_much_of_the_text_a_tokenizer_loses(tmp_path, small_text):
     """The user's path: train.py with a word-level tokenizer of a few words warns in one line, and trains."""
-    from .common import TINY_OVERRIDES, run_script
+    from tests.common import TINY_OVERRIDES, run_script
 
     vocab = {"[UNK]": 0, **{w: i + 1 for i, w in enumerate(dict.fromkeys(small_text.read_text().split()[:40]))}}
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
@@ -246,7 +245,7 @@ def test_a_tokenizer_with_an_added_token_that_spans_a_space_is_not_cut_into_piec
 def test_train_py_says_a_tokenizer_made_no_tokens_of_the_text_rather_than_that_the_text_is_short(tmp_path, small_text):
     """A tokenizer.json whose vocabulary covers none of the text (here: a BPE with no tokens) is named
     as the cause in one line; the text was said to be too short to leave any training text."""
-    from .common import TINY_OVERRIDES, run_script
+    from tests.common import TINY_OVERRIDES, run_script
 
     Tokenizer(models.BPE()).save(str(tmp_path / "empty.json"))
     settings = [o for o in TINY_OVERRIDES if not o.startswith("tokenizer.")]

@@ -15,12 +15,11 @@ from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from model import GPT
-from training.checks import SettingError, check_values, wandb_credentials_present, wandb_mode
-from training.loggers import RunCSVLogger, flat_settings, wandb_run_id
-from training.run import train
-from training.run_folder import RunFolder
-
-from .common import TINY_OVERRIDES, compose_config
+from shell.checks import SettingError, check_values, wandb_credentials_present, wandb_mode
+from shell.loggers import RunCSVLogger, flat_settings, wandb_run_id
+from shell.run import train
+from shell.run_folder import RunFolder
+from tests.common import TINY_OVERRIDES, compose_config
 
 METRICS = {
     "train/loss",
@@ -286,7 +285,7 @@ def test_wandb_never_prompts(monkeypatch, tmp_path):
 def test_wandb_online_with_no_account_is_refused_before_anything_is_made(monkeypatch, tmp_path):
     """Online with no login would fail inside wandb.init, after the run folder was made: refused with
     the settings, in one line that says how to log in or to log offline."""
-    from training.launch import check_command_line
+    from shell.launch import check_command_line
 
     monkeypatch.delenv("WANDB_MODE", raising=False)
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
@@ -308,7 +307,7 @@ def test_a_wandb_mode_wandb_cannot_read_is_refused_in_one_line_before_anything_i
     run with its traceback, after the run folder was made."""
     import os
 
-    from .common import one_error_line, run_script
+    from tests.common import one_error_line, run_script
 
     for value in ("onlinee", ""):
         env = {**os.environ, "WANDB_MODE": value}
@@ -333,7 +332,7 @@ def test_wandb_mode_follows_wandbs_old_names_for_its_modes(monkeypatch):
 def test_wandb_that_cannot_reach_its_server_stops_the_run_in_one_line_and_leaves_nothing(small_text, tmp_path):
     import os
 
-    from .common import run_script
+    from tests.common import run_script
 
     env = {
         **os.environ,

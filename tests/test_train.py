@@ -10,13 +10,12 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from generation.checkpoint import load_checkpoint
+from checkpoint import load_checkpoint
 from model import GPT, GPTConfig
-from training.checks import SettingError, check_values
-from training.run import train
-from training.settings import global_batch
-
-from .common import ROOT, TINY_OVERRIDES, compose_config, run_script, validations
+from shell.checks import SettingError, check_values
+from shell.run import train
+from shell.settings import global_batch
+from tests.common import ROOT, TINY_OVERRIDES, compose_config, run_script, validations
 
 
 @pytest.mark.parametrize(

@@ -16,8 +16,8 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
+from checkpoint import META_KEY, STATE_PREFIX
 from data.tokenizer import train_bpe
-from generation.checkpoint import META_KEY, STATE_PREFIX
 from model import GPT, GPTConfig
 from model.hf import hf_config_dict, to_hf_state_dict
 

@@ -19,10 +19,9 @@ from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
 from tokenizers import Tokenizer
 
 from generation.session import Sampling, Session
-
-from .flops import device_peak_flops, flops_per_token, record_cpu_rate
-from .module import logging_step, step_finished
-from .run_folder import write_atomically
+from shell.flops import device_peak_flops, flops_per_token, record_cpu_rate
+from shell.run_folder import write_atomically
+from training.module import logging_step, step_finished
 
 log = logging.getLogger(__name__)
 

@@ -13,14 +13,13 @@ import numpy as np
 import torch
 from lightning.pytorch.callbacks import Timer
 
-from generation.checkpoint import CheckpointError, describe_model, read_header, resolve_checkpoint
+from checkpoint import CheckpointError, describe_model, read_header, resolve_checkpoint
 from model import GPT, GPTConfig
-
-from . import failpoints
-from .checkpointing import realign_accumulation
-from .checks import time_budget_seconds
-from .errors import TrainingDiverged
-from .optim import TimeBudgetSchedule, lr_factor, make_optimizer
+from shell.checks import time_budget_seconds
+from shell.errors import TrainingDiverged
+from training import failpoints
+from training.checkpoints import realign_accumulation
+from training.optim import TimeBudgetSchedule, lr_factor, make_optimizer
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +53,7 @@ class GPTModule(L.LightningModule):
     """Trains `self.model`, a plain GPT.
 
     Every checkpoint it writes carries the model config, the tokenizer and the run's settings
-    (generation.checkpoint.describe_model), so `GPT.from_checkpoint` and resuming need nothing else,
+    (checkpoint.describe_model), so `GPT.from_checkpoint` and resuming need nothing else,
     and its other arguments as plain values (Lightning's hyper_parameters), so that
     `GPTModule.load_from_checkpoint` rebuilds it under weights-only loading.
     """
@@ -73,7 +72,7 @@ class GPTModule(L.LightningModule):
         if isinstance(model_config, dict):
             model_config = GPTConfig.from_dict(model_config)
         # The tokenizer and the run's settings are in every checkpoint already (describe_model), and
-        # the loggers get the run's settings from training.run: neither is kept here a second time.
+        # the loggers get the run's settings from shell.run: neither is kept here a second time.
         self.save_hyperparameters(
             {
                 "model_config": model_config.to_dict(),

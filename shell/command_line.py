@@ -11,8 +11,8 @@ from typing import Any
 
 from omegaconf import OmegaConf, open_dict
 
-from .checks import ABSENT, lookup, trainer_parameters
-from .config_groups import (
+from shell.checks import ABSENT, lookup, trainer_parameters
+from shell.config_groups import (
     CONFIG_DIR,
     TRAINER_DEFAULTS,
     choices_with,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from .run_folder import process_rank
+from shell.run_folder import process_rank
 
 log = logging.getLogger("train")
 

@@ -317,7 +317,7 @@ PATH_KEYS = (
 SPEC: dict[str, Any] = {
     "seed": SEED,
     "resume": Text(optional=True),
-    "runs_root": Text(),  # (empty: training.launch.check_places)
+    "runs_root": Text(),  # (empty: shell.launch.check_places)
     "latest_link": PathText(optional=True, instead="give a path, or latest_link=null for no link"),
     "init_from": PathText(optional=True),
     "tokens_per_step": Number(whole=True, min=1, optional=True),

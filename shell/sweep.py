@@ -20,7 +20,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from .run_folder import SWEEP_RECORD, RunFolder, process_rank, sweep_continue_command, write_atomically
+from shell.run_folder import SWEEP_RECORD, RunFolder, process_rank, sweep_continue_command, write_atomically
 
 log = logging.getLogger(__name__)
 

@@ -4,12 +4,11 @@ command line is refused without loading it."""
 
 from __future__ import annotations
 
+from checkpoint import CheckpointError
 from data import DataError
-from generation.checkpoint import CheckpointError
 from model import ConfigError
-
-from .checks import SettingError
-from .run_folder import RunFolderError
+from shell.checks import SettingError
+from shell.run_folder import RunFolderError
 
 
 class RunWriteError(RuntimeError):
@@ -28,7 +27,7 @@ class ProcessLost(RuntimeError):
 
 class TrainingDiverged(RuntimeError):
     """Training cannot go on: too many non-finite losses in a row, or weights no longer finite. The
-    message says what happened; `instead` is a remedy other than a lower learning rate (training.run
+    message says what happened; `instead` is a remedy other than a lower learning rate (shell.run
     adds what is left of the run and the command that starts it again)."""
 
     def __init__(self, message: str, instead: str = "") -> None:

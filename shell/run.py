@@ -1,6 +1,6 @@
-"""`train(cfg, run_dir)`: one training run: settle its settings (training.settings), build its parts from
-them (training.build), fit, and record the result in its run folder (training.run_folder). Hydra stays in train.py and
-the modules that read its command line (training.launch and those it uses)."""
+"""`train(cfg, run_dir)`: one training run: settle its settings (shell.settings), build its parts from
+them (training.fit), fit, and record the result in its run folder (shell.run_folder). Hydra stays in train.py and
+the modules that read its command line (shell.launch and those it uses)."""
 
 from __future__ import annotations
 
@@ -20,17 +20,16 @@ from omegaconf import DictConfig, OmegaConf
 
 from data.datamodule import TextDataModule
 from data.writes import refused_write
-
-from .build import build_checkpointing, build_data, build_module, build_trainer, quiet_known_warnings
-from .checkpointing import GracefulStop
-from .ctrl_c import block_for_children, unblock_ctrl_c
-from .errors import USER_ERRORS, ProcessLost, RunWriteError, TrackerError, TrainingDiverged
-from .init_from import Start
-from .loggers import build_loggers, finish_loggers
-from .module import GPTModule
-from .run_folder import Claim, RunFolder, claim
-from .settings import RunSettings, resolve, resolve_resumed, sample_prompts
-from .sweep import result_record, summarize
+from shell.ctrl_c import block_for_children, unblock_ctrl_c
+from shell.errors import USER_ERRORS, ProcessLost, RunWriteError, TrackerError, TrainingDiverged
+from shell.init_from import Start
+from shell.loggers import build_loggers, finish_loggers
+from shell.run_folder import Claim, RunFolder, claim
+from shell.settings import RunSettings, resolve, resolve_resumed, sample_prompts
+from shell.sweep import result_record, summarize
+from training.checkpoints import GracefulStop
+from training.fit import build_checkpointing, build_data, build_module, build_trainer, quiet_known_warnings
+from training.module import GPTModule
 
 log = logging.getLogger(__name__)
 
@@ -214,7 +213,7 @@ def fit(
     trainer = build_trainer(settings, folder, loggers, graceful, best, extra_callbacks)
     describe_run(settings, module)
     data = build_data(settings)
-    block_for_children(trainer)  # (a Ctrl-C as the processes of a ddp launch start: training.ctrl_c)
+    block_for_children(trainer)  # (a Ctrl-C as the processes of a ddp launch start: shell.ctrl_c)
     try:
         fit_to_the_end(trainer, module, data, settings, folder)
     finally:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from .checks import ABSENT, lookup, trainer_parameters
-from .settings import differing_leaves, expand, named_leaves
+from shell.checks import ABSENT, lookup, trainer_parameters
+from shell.settings import differing_leaves, expand, named_leaves
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
@@ -111,7 +111,7 @@ def unknown_setting(key: str, defaults: dict, overrides: list[str], chosen: dict
 
 
 def named_settings(overrides: list[str], requested: dict, defaults: dict) -> list[str]:
-    """The settings a command line gives, as dotted keys (training.settings.named_leaves), and every
+    """The settings a command line gives, as dotted keys (shell.settings.named_leaves), and every
     setting a recipe it chooses sets (experiment=..., debug=...), even one it sets to its default."""
     named = set(named_leaves(overrides, requested, defaults))
     for override in overrides:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NoReturn
 
-from generation.output import GuardedStdout, OutputError, silence_stdout
+from shell.output import GuardedStdout, OutputError, silence_stdout
 
 
 class Parser(argparse.ArgumentParser):

@@ -3,7 +3,7 @@ of it, so that a command that cannot run is refused in one line and leaves nothi
 the folder it runs in: a new one, made at once so that two runs started together never share one, or the
 run that resume= continues, taken with its saved settings and locked. Which folder and which checkpoint
 follow from the command line, the environment and what is on disk, so every process of a launch
-(torchrun, srun) finds the same; the first claims the folder. Sweeps (-m) are training.sweep_launch's."""
+(torchrun, srun) finds the same; the first claims the folder. Sweeps (-m) are shell.sweep_launch's."""
 
 from __future__ import annotations
 
@@ -13,13 +13,12 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from generation.checkpoint import CheckpointError, read_header
-
-from .checks import ABSENT, SettingError, check_writable, lookup
-from .command_line import SEARCH_GROUPS, CommandLineError, Composer, as_trainer_argument
-from .config_groups import group_choices, named_settings
-from .errors import USER_ERRORS
-from .run_folder import (
+from checkpoint import CheckpointError, read_header
+from shell.checks import ABSENT, SettingError, check_writable, lookup
+from shell.command_line import SEARCH_GROUPS, CommandLineError, Composer, as_trainer_argument
+from shell.config_groups import group_choices, named_settings
+from shell.errors import USER_ERRORS
+from shell.run_folder import (
     RunFolder,
     RunFolderError,
     adopt,
@@ -31,8 +30,8 @@ from .run_folder import (
     process_rank,
     resumable_runs,
 )
-from .settings import check, continue_settings, matches
-from .sweep_launch import SweepLaunch
+from shell.settings import check, continue_settings, matches
+from shell.sweep_launch import SweepLaunch
 
 
 def check_places(settings: dict[str, str]) -> None:

@@ -2,7 +2,7 @@
 job starts, so that a sweep that cannot run is refused in one line rather than failing job after job:
 Hydra's own settings are not swept, every value of every swept setting (and each choice a search such as
 hparams_search=optuna would draw, at the ends of its ranges and between them) makes settings that pass
-training.settings.check, the data each names is there, and a search's storage can hold its study.
+shell.settings.check, the data each names is there, and a search's storage can hold its study.
 `sweep_combinations` lists the override lists that cover every swept value."""
 
 from __future__ import annotations
@@ -13,13 +13,12 @@ import os
 from pathlib import Path
 
 from data.sources import check_files
-
-from .checks import ABSENT, lookup
-from .command_line import SEARCH_GROUPS, CommandLineError, Composer, parse_overrides
-from .errors import USER_ERRORS
-from .run_folder import SWEEP_RECORD, RunFolder, RunFolderError
-from .settings import check
-from .sweep import OBJECTIVE
+from shell.checks import ABSENT, lookup
+from shell.command_line import SEARCH_GROUPS, CommandLineError, Composer, parse_overrides
+from shell.errors import USER_ERRORS
+from shell.run_folder import SWEEP_RECORD, RunFolder, RunFolderError
+from shell.settings import check
+from shell.sweep import OBJECTIVE
 
 
 def refuse_swept_hydra_settings(hydra_parsed: list) -> None:

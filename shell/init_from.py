@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer
 
+from checkpoint import HF_WEIGHT_FILES, CheckpointError, read_tokenizer, read_weights
 from data.tokenizer import load_pretrained
-from generation.checkpoint import HF_WEIGHT_FILES, CheckpointError, read_tokenizer, read_weights
 from model import ConfigError, GPTConfig
 
 SHAPE_KEYS = ("n_layer", "n_head", "n_embd", "vocab_size", "bias")  # fixed by the weights

@@ -1,4 +1,4 @@
-"""The parts of a training run, built from its resolved settings (training.settings.RunSettings) and
+"""The parts of a training run, built from its resolved settings (shell.settings.RunSettings) and
 nothing else: the Lightning module, the data module, the checkpoint callbacks, the other callbacks and
 the Trainer that holds them."""
 
@@ -14,13 +14,12 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import OmegaConf
 
 from data.datamodule import TextDataModule, batches_for, tokens_per_char
-
-from .callbacks import LossCurve, ProgressBar, TextSamples, Throughput, ValidateAtEnd
-from .checkpointing import AtomicCheckpointIO, BestCheckpoint, GracefulStop, PeriodicCheckpoints
-from .init_from import Start
-from .module import GPTModule
-from .run_folder import RunFolder
-from .settings import RunSettings, choose_strategy, sample_prompts
+from shell.init_from import Start
+from shell.run_folder import RunFolder
+from shell.settings import RunSettings, choose_strategy, sample_prompts
+from training.callbacks import LossCurve, ProgressBar, TextSamples, Throughput, ValidateAtEnd
+from training.checkpoints import AtomicCheckpointIO, BestCheckpoint, GracefulStop, PeriodicCheckpoints
+from training.module import GPTModule
 
 log = logging.getLogger(__name__)
 

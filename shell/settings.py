@@ -20,15 +20,14 @@ import torch
 from omegaconf import OmegaConf
 from tokenizers import Tokenizer
 
+from checkpoint import CheckpointError, DamagedCheckpoint, check_sums, read_header
 from data import DataError
 from data.cache import TokenCache, discard
 from data.prepare import check_sizes, corpus_key, prepare_corpus, unknown_tokens, usable_cores
 from data.tokenizer import eot_id
-from generation.checkpoint import CheckpointError, DamagedCheckpoint, check_sums, read_header
 from generation.session import PromptError, encode_prompt
 from model import ConfigError, GPTConfig
-
-from .checks import (
+from shell.checks import (
     ABSENT,
     PATH_KEYS,
     SPEC,
@@ -43,11 +42,11 @@ from .checks import (
     shown,
     time_budget_seconds,
 )
-from .flops import cpu_flags
-from .init_from import Start, kept_tokenizer, missing_source, model_keys_in, start_from
-from .memory import check_fits, process_count_here, this_machine_free, tight_fit
-from .run_folder import SETTINGS_MARK as PREPARED
-from .run_folder import RunFolder, RunFolderError, process_rank, step_of
+from shell.flops import cpu_flags
+from shell.init_from import Start, kept_tokenizer, missing_source, model_keys_in, start_from
+from shell.memory import check_fits, process_count_here, this_machine_free, tight_fit
+from shell.run_folder import SETTINGS_MARK as PREPARED
+from shell.run_folder import RunFolder, RunFolderError, process_rank, step_of
 
 log = logging.getLogger(__name__)
 
@@ -250,10 +249,10 @@ def choose_compile(requested: bool | None, accelerator: str = "auto", machine: M
 
 
 def choose_strategy(name: Any):
-    """`fsdp`: FSDP2 through Lightning's ModelParallelStrategy (training.checkpointing.FSDP2Strategy,
+    """`fsdp`: FSDP2 through Lightning's ModelParallelStrategy (training.checkpoints.FSDP2Strategy,
     and GPTModule.configure_model, which shards); other names go to Lightning as they are."""
     if name == "fsdp":
-        from .checkpointing import FSDP2Strategy
+        from training.checkpoints import FSDP2Strategy
 
         return FSDP2Strategy()
     return name
@@ -268,7 +267,7 @@ def warn(message: str) -> None:
 
 def check_fsdp(values: dict[str, Any]) -> None:
     """What trainer.strategy=fsdp cannot do (optim=muon is refused with the other settings that do not
-    go together, in training.checks). Text samples are written by the first process alone, and a
+    go together, in shell.checks). Text samples are written by the first process alone, and a
     sharded model computes only with every process taking part: turned off, in one warning line
     (generate.py samples from the checkpoints)."""
     if values["trainer"].get("strategy") != "fsdp":

@@ -1,8 +1,8 @@
 """Where a sweep (`python train.py -m ...`, or a search: `-m hparams_search=optuna`) runs, chosen before
-Hydra starts: a new sweep is checked whole (training.sweep_checks) and given one new folder, unless
+Hydra starts: a new sweep is checked whole (shell.sweep_checks) and given one new folder, unless
 hydra.sweep.dir names one; `-m resume=SWEEP` continues a sweep in its own folder with the command line it
 was started with, keeping the jobs that finished, and so does a launch its scheduler restarted. These are
-the -m methods of training.launch.Launch, which reads the command line they work on."""
+the -m methods of shell.launch.Launch, which reads the command line they work on."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from .command_line import CommandLineError, Composer, parse_overrides
-from .errors import USER_ERRORS
-from .run_folder import (
+from shell.command_line import CommandLineError, Composer, parse_overrides
+from shell.errors import USER_ERRORS
+from shell.run_folder import (
     SWEEP_RECORD,
     SWEEPS_ROOT,
     Claim,
@@ -29,8 +29,8 @@ from .run_folder import (
     sweep_continue_command,
     take_back_claims,
 )
-from .sweep import fail_abandoned_trials, is_search, summarize
-from .sweep_checks import (
+from shell.sweep import fail_abandoned_trials, is_search, summarize
+from shell.sweep_checks import (
     check_direction,
     check_intervals,
     check_jobs,
@@ -42,14 +42,14 @@ from .sweep_checks import (
     searched_settings,
     sweep_combinations,
 )
-from .sweep_records import JOB_RECORD, SweepRecord, continue_command, sweep_record
+from shell.sweep_records import JOB_RECORD, SweepRecord, continue_command, sweep_record
 
 SEARCH_RESULT = "optimization_results.yaml"  # the best trial, which Optuna's sweeper writes as the search ends
 CONTINUED_SWEEP = "TINYGPT2_CONTINUED_SWEEP"  # the sweep folder a -m resume= launch continues
 
 
 class SweepLaunch:
-    """Launch's methods for a command line with -m (see training.launch.Launch for its attributes)."""
+    """Launch's methods for a command line with -m (see shell.launch.Launch for its attributes)."""
 
     args: list[str]
     flags: list[str]

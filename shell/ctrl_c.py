@@ -32,8 +32,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
-from .run_folder import RunFolder, is_sweep, process_rank, take_back_claims
-from .sweep import how_to_continue_sweep
+from shell.run_folder import RunFolder, is_sweep, process_rank, take_back_claims
+from shell.sweep import how_to_continue_sweep
 
 
 class CtrlCWatch:

@@ -1,6 +1,6 @@
 """A run folder: every file of a run by name, the lock that keeps one process per run, the choice of a
 new folder, and finding the runs that can be continued. No other module spells these names (but for
-the checkpoint names generation.checkpoint reads run folders by, which it defines: it needs no training code).
+the checkpoint names checkpoint reads run folders by, which it defines: it needs no training code).
 
     <run>/config.yaml            the settings the run started with (never rewritten)
          tokenizer.json          its tokenizer
@@ -31,9 +31,8 @@ from typing import Any
 
 import yaml
 
-from generation.checkpoint import BEST_NAME, CHECKPOINTS_DIR, LAST_NAME, CheckpointError, checkpoint_step
-
-from .checks import PATH_KEYS
+from checkpoint import BEST_NAME, CHECKPOINTS_DIR, LAST_NAME, CheckpointError, checkpoint_step
+from shell.checks import PATH_KEYS
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Checkpoints that survive anything: atomic writes, periodic saves with pruning, and a clean stop on
 SIGINT/SIGTERM. Which files a run folder holds, and which one a resumed run continues from, is
-training.run_folder's.
+shell.run_folder's.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.core.optimizer import LightningOptimizer
 from lightning.pytorch.strategies import ModelParallelStrategy
 
-from . import failpoints
-from .ctrl_c import WATCH
-from .run_folder import RunFolder
+from shell.ctrl_c import WATCH
+from shell.run_folder import RunFolder
+from training import failpoints
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             fsync_dir(path.parent)
         except BaseException as err:  # a full disk, Ctrl-C twice: nothing was overwritten, and no part is left
             tmp.unlink(missing_ok=True)
-            if isinstance(err, OSError):  # training.run says what is left, and how to go on
+            if isinstance(err, OSError):  # shell.run says what is left, and how to go on
                 raise OSError(err.errno, err.strerror, str(path)) from None
             raise
 
@@ -288,7 +288,7 @@ class GracefulStop(L.Callback):
         self.last_step = trainer.global_step
         for sig in self.SIGNALS:  # after Lightning's own SIGTERM handler, which would stop mid-epoch
             self.previous[sig] = signal.signal(sig, self.handle)
-        WATCH.training_started()  # (Ctrl-C while a launch's processes start: training.ctrl_c)
+        WATCH.training_started()  # (Ctrl-C while a launch's processes start: shell.ctrl_c)
 
     def restore(self) -> None:
         for sig, handler in self.previous.items():

@@ -13,9 +13,9 @@ from typing import NamedTuple
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
-from .command_line import CommandLineError
-from .run_folder import SWEEP_RECORD, RunFolder, RunFolderError, folder_of
-from .sweep import how_to_add_trials, is_search
+from shell.command_line import CommandLineError
+from shell.run_folder import SWEEP_RECORD, RunFolder, RunFolderError, folder_of
+from shell.sweep import how_to_add_trials, is_search
 
 JOB_RECORD = "tinygpt2_job_record"
 _JOB_RECORDS: dict[str, str | None] = {}

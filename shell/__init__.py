@@ -1,0 +1,1 @@
+"""The shell: the command line, settings checks, run folders, resume, locks, sweeps, signals and logging set-up around the core (model, data, training, generation, checkpoint). The shell imports the core; the core never imports the shell."""
