@@ -1,5 +1,6 @@
-"""What a checkpoint holds, in one place: the description training writes into it, and reading a model,
-its tokenizer and its training config back from one file or folder.
+"""What a checkpoint holds, in one place: what training writes into it (its description, the random
+generators, the counters the step keeps, the file written whole or not at all), and reading a model, its
+tokenizer and its training config back from one file or folder.
 
 Two kinds are read:
 
@@ -16,9 +17,11 @@ carries pickled objects is refused.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import pickle
+import random
 import re
 import zipfile
 import zlib
@@ -26,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from tokenizers import Tokenizer
 
@@ -38,6 +42,10 @@ STATE_PREFIX = "model."  # the LightningModule keeps the GPT as `self.model`
 # A run folder's checkpoints (shell.run_folder writes them): looked for, best first, by loaders.
 CHECKPOINTS_DIR, BEST_NAME, LAST_NAME = "checkpoints", "best.ckpt", "last.ckpt"
 CHECKPOINT_NAMES = (BEST_NAME, LAST_NAME)
+STEP_NAME = "step-{:06d}.ckpt"  # the periodic checkpoints: step-000500.ckpt
+# Keys the saved settings hold beside the settings themselves: the token cache entry the run read, and the
+# settings its command line left to the machine (precision, compile), chosen again where it continues.
+PREPARED, MACHINE_CHOSEN = "prepared_data", "chosen_for_the_machine"
 NEWEST_RUN = Path("outputs/latest")  # where train.py links the run it made last (its latest_link setting)
 HF_WEIGHT_FILES = (
     "model.safetensors",
@@ -332,6 +340,23 @@ def read_header(path: str | Path) -> dict[str, Any]:
     }
 
 
+def module_arguments(path: Path, header: dict[str, Any]) -> dict[str, Any]:
+    """GPTModule's arguments from a checkpoint's description alone, for one written before Lightning kept
+    them: its validation's tokens per character were not recorded, so val/bpc is nan unless given."""
+    settings = header["settings"]
+    if "optim" not in settings or "trainer" not in settings:
+        raise CheckpointError(
+            f"{path} holds no training settings, so no GPTModule can be rebuilt from it; "
+            "load its model with generation.load_checkpoint"
+        )
+    return {
+        "model_config": header["model_config"],
+        "optim": settings["optim"],
+        "max_steps": settings["trainer"]["max_steps"],
+        "val_tokens_per_char": float("nan"),
+    }
+
+
 def checkpoint_step(path: str | Path) -> int:
     """The optimizer step a training checkpoint was saved at."""
     return read_header(path)["step"]
@@ -437,3 +462,133 @@ def read_hf_tokenizer(folder: Path) -> str | None:
     except (OSError, UnicodeDecodeError, ValueError) as err:
         raise CheckpointError(f"cannot read the tokenizer files in {folder} ({err})") from None
     return None
+
+
+# ---- writing: what a training checkpoint holds beside Lightning's own state --------------------------
+#
+# Lightning writes the weights, the optimizer and schedule, its loops' counters and the callbacks' state.
+# Beside them the module adds, through `add_run_state`: the description (model config, tokenizer, the
+# run's settings, under META_KEY), every random generator, the counts of non-finite steps, and the
+# latest logged values; `read_run_state` gives them back on resume.
+
+
+def step_file(checkpoints: Path, step: int) -> Path:
+    return Path(checkpoints) / STEP_NAME.format(step)
+
+
+def step_files(checkpoints: Path) -> list[Path]:
+    """The periodic checkpoints in a folder, oldest first (by step: step-1000000 comes after step-999999)."""
+    steps = [p for p in Path(checkpoints).glob("step-*.ckpt") if p.stem[5:].isdigit()]
+    return sorted(steps, key=lambda p: int(p.stem[5:]))
+
+
+def add_run_state(ckpt: dict[str, Any], description: dict[str, Any], counts: dict, latest: dict) -> None:
+    """What the module adds to a checkpoint Lightning is writing (see the section's comment)."""
+    ckpt.update(description)
+    ckpt["rng_states"] = rng_states()
+    ckpt["nonfinite"] = counts  # {"skipped": updates skipped so far, "in_a_row": non-finite steps up to now}
+    ckpt["latest_values"] = latest  # {"train": {...}, "val": {...}, "validated_step": N}
+
+
+@dataclass
+class RunState:
+    counts: dict[str, int]
+    latest: dict[str, Any]
+
+
+def read_run_state(ckpt: dict[str, Any], restore_rng: bool) -> RunState:
+    """What `add_run_state` wrote; `restore_rng`: set every random generator as it was (a resumed run)."""
+    if restore_rng and "rng_states" in ckpt:
+        set_rng_states(ckpt["rng_states"])
+    return RunState(ckpt.get("nonfinite", {}), ckpt.get("latest_values", {}))
+
+
+def rng_states() -> dict[str, Any]:
+    """Every random generator a training step may draw from: dropout (torch), and Python's and
+    NumPy's global ones for good measure. Python's state is stored as plain lists (weights-only loading)."""
+    version, internal, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    state = {
+        "torch": torch.get_rng_state(),
+        "python": [version, list(internal), gauss],
+        "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached],
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_states(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def realign_accumulation(ckpt: dict[str, Any], accumulation: int) -> None:
+    """A run continued on another number of devices keeps its global batch, so each process takes another
+    number of micro-batches per step. Lightning decides when to validate from its count of micro-batches,
+    restored from the checkpoint: counted in the old accumulation, validation would come at other steps.
+    The counts are rescaled to the new one."""
+    progress = ckpt.get("loops", {}).get("fit_loop", {}).get("epoch_loop.batch_progress")
+    steps = ckpt.get("global_step", 0)
+    if not progress or steps <= 0 or progress["total"]["ready"] % steps:
+        return
+    before = progress["total"]["ready"] // steps
+    if before == accumulation:
+        return
+    for counts in (progress["total"], progress["current"]):
+        ready = counts["ready"] // before * accumulation
+        for field_name in counts:  # the others trail "ready" by the micro-batches under way as it was saved
+            counts[field_name] = ready - (counts["ready"] - counts[field_name])
+
+
+def save(ckpt: dict[str, Any], path: Path) -> None:
+    """Write the checkpoint whole or not at all: into a hidden file beside it, flushed to the disk, then
+    renamed over the old one. A kill, a full disk or Ctrl-C leaves the old file as it was, and no part."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    buffer = io.BytesIO()
+    torch.save(ckpt, buffer)
+    try:
+        with open(tmp, "wb") as out:
+            write_bytes(out, buffer.getbuffer())
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
+    except BaseException as err:
+        tmp.unlink(missing_ok=True)
+        if isinstance(err, OSError):  # named by the checkpoint's own path, not the hidden file's
+            raise OSError(err.errno, err.strerror, str(path)) from None
+        raise
+
+
+def write_bytes(out, data: memoryview) -> None:
+    out.write(data)
+
+
+def fsync_dir(folder: Path) -> None:
+    """Make a rename in folder survive a power cut (where the system allows opening a folder)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def link_last(link: Path, target: Path) -> None:
+    """Point link (last.ckpt) at target, a file beside it, replacing the link atomically."""
+    tmp = link.with_name(f".{link.name}.{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(target.name)
+    os.replace(tmp, link)

@@ -13,10 +13,10 @@ GPT-2 folder. Needs neither Hydra nor Lightning.
 
 from __future__ import annotations
 
-import signal
+if __name__ == "__main__":
+    from shell.startup import start_up
 
-if __name__ == "__main__":  # Ctrl-C during the imports: stop at once (nothing has started yet)
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    start_up(pause_gc=False)  # before the imports: Ctrl-C stops at once
 
 import argparse
 import json

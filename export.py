@@ -10,10 +10,10 @@ nothing is written. `--push-to-hub REPO` then uploads the folder with huggingfac
 
 from __future__ import annotations
 
-import signal
+if __name__ == "__main__":
+    from shell.startup import start_up
 
-if __name__ == "__main__":  # Ctrl-C during the imports: stop at once (nothing has started yet)
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    start_up(pause_gc=False)  # before the imports: Ctrl-C stops at once
 
 import argparse
 import contextlib
@@ -22,6 +22,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import sys
 import threading
 from dataclasses import dataclass
@@ -33,9 +34,10 @@ from tokenizers import Tokenizer
 
 from checkpoint import CheckpointError, Loaded, given_or_newest, load_checkpoint
 from data.tokenizer import EOT, UNK
+from data.writes import making_folders
 from model import GPT
 from model.hf import hf_config_dict, to_hf_state_dict
-from shell.output import OutputError, cannot_write, making_folders
+from shell.output import OutputError, cannot_write
 from shell.programs import (
     STOPS,
     Parser,

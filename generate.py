@@ -8,15 +8,10 @@ tokenizer.
 
 from __future__ import annotations
 
-import gc
-import signal
-
-# As in train.py: no cyclic collection over the objects the imports and the model load make (they live
-# as long as the process), which costs about half a second, most of it at exit; on for the sampling.
-# Ctrl-C during the imports ends the process at once, as nothing has started that could be left half done.
 if __name__ == "__main__":
-    gc.disable()
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    from shell.startup import start_up
+
+    start_up()  # before the imports: Ctrl-C stops at once, no garbage collection until the model is loaded
 
 import argparse
 import itertools
@@ -43,6 +38,7 @@ from shell.programs import (
     stops_raised,
     whole_number,
 )
+from shell.startup import started
 
 
 class UsageError(ValueError):
@@ -275,9 +271,7 @@ def run(args: argparse.Namespace) -> int:
         raise CheckpointError(f"{loaded.path} carries no tokenizer, so its tokens cannot be turned into text")
     model = loaded.model.to(device)
     session = Session(model, tokenizer, loaded.eos_token_id)
-    if not gc.isenabled():  # start-up is over (see the top of this file)
-        gc.freeze()
-        gc.enable()
+    started()  # (shell.startup)
 
     # sample i draws from its own generator, seeded seed + i once: in an interactive session the
     # first answer is what a one-off run prints, and later ones go on drawing, so that asking

@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 from bench import common  # noqa: E402
 from data.datamodule import TextDataModule  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
-from shell.flops import cpu_peak_flops, flops_per_token  # noqa: E402
+from shell.flops import cpu_peak_flops  # noqa: E402
 from shell.run import train  # noqa: E402
 from training.optim import lr_factor, make_adamw  # noqa: E402
 
@@ -190,7 +190,7 @@ def main() -> None:
         for run in range(1, repeats + 1):
             ours, bare, config = measure(shape, steps, compile_model=False)
             ratios.append(ours / bare)
-            mfu = ours * flops_per_token(config) / peak
+            mfu = ours * config.flops_per_token() / peak
             print(
                 f"{name:<12} {steps:>5} {run:>3} {bare:>10.0f} {ours:>10.0f} {ours / bare:>6.3f} {mfu:>6.1%}",
                 flush=True,

@@ -7,7 +7,6 @@ preparation that stops part way goes on where it stopped.
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
 import os
@@ -164,7 +163,6 @@ def prepare_tokens(
             copies,
             f"{round(sum(made) / copies):,}",
         )
-    failpoint_disk_full(staging)
     join_shards(shards, len(read_records(shards, dtype.name)), staging)
     return meta
 
@@ -206,13 +204,6 @@ def kept_tokenizer(staging: Path) -> Tokenizer | None:
         shutil.rmtree(staging / "shards", ignore_errors=True)
         file.unlink()
         return None
-
-
-def failpoint_disk_full(staging: Path) -> None:
-    """For the tests: TINYGPT2_FAILPOINT=cache_enospc:1 fails the joining of the shards (the write that
-    needs the most space) as a full disk does."""
-    if any(p.startswith("cache_enospc:") for p in os.environ.get("TINYGPT2_FAILPOINT", "").split(",")):
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(staging / "train.bin"))
 
 
 def prepare_corpus(

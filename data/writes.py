@@ -1,12 +1,39 @@
-"""Writes the system refused for want of room or of a writable disk: which those are, in the system's
-words, and what frees them. The token cache, a run's files and the outputs of generate.py and
-export.py each say what is kept and how to go on; what went wrong, and its fix, are said here."""
+"""Writing files so that a stop never leaves half of one, and the writes the system refused for want of
+room or of a writable disk: which those are, in the system's words, and what frees them. The token
+cache, a run's files and the outputs of generate.py and export.py each say what is kept and how to go
+on; what went wrong, and its fix, are said here."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
+from pathlib import Path
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write text beside path, then rename it into place: a reader sees the old file or the new one."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def making_folders(folder: Path):
+    """For a block that makes `folder` (with its parents) and writes there: should it fail, the folders it
+    made are removed again, innermost first and only while empty, so that a failed write leaves none."""
+    made = [p for p in (folder, *folder.parents) if not p.exists()]
+    try:
+        yield
+    except BaseException:
+        for made_folder in made:
+            try:
+                made_folder.rmdir()
+            except OSError:
+                break
+        raise
+
 
 FIXES = {
     errno.ENOSPC: "free some space",

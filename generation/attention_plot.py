@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from shell.output import making_folders
+from data.writes import making_folders
 
 MAX_LABELS = 96  # beyond this many tokens, label every n-th one so the labels stay legible
 

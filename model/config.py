@@ -63,6 +63,16 @@ class GPTConfig:
     def head_size(self) -> int:
         return self.n_embd // self.n_head
 
+    def flops_per_token(self, training: bool = True) -> float:
+        """Matmul FLOPs per token: 6 per weight for a training step (2 forward, 4 backward) plus the
+        attention products (PaLM's estimate: 12 * n_layer * n_embd * block_size). Embedding lookups
+        cost nothing; the tied lm_head is a real matmul and counts."""
+        C, L = self.n_embd, self.n_layer
+        weights = L * 12 * C * C + C * self.vocab_size  # per block: c_attn 3C^2, c_proj C^2, c_fc 4C^2, c_proj 4C^2
+        attention = 2 * 2 * L * C * self.block_size  # q @ k^T and att @ v: C * T multiply-adds each
+        forward = 2 * weights + attention
+        return 3 * forward if training else forward
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 

@@ -610,12 +610,6 @@ def check_together(values: dict[str, Any]) -> None:
     max_steps = trainer.get("max_steps")
     if max_steps == -1 and not trainer.get("max_time"):
         raise SettingError("trainer.max_steps=-1 needs a time limit: set trainer.max_time=00:00:05:00 (dd:hh:mm:ss)")
-    warmup = optim.get("warmup_steps") or 0
-    if max_steps and max_steps > 0 and warmup >= max_steps:
-        raise SettingError(
-            f"optim.warmup_steps={warmup} is not below trainer.max_steps={max_steps}: the learning rate would never "
-            f"reach optim.lr; use fewer warmup steps (e.g. optim.warmup_steps={max(0, max_steps // 10)})"
-        )
     if (
         optim.get("name") == "adamw" and "momentum" in optim
     ):  # optim=muon optim.name=adamw: the momentum would be ignored

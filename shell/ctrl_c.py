@@ -1,5 +1,5 @@
 """Ctrl-C (and SIGTERM) outside the training loop, which stops at the end of a step of its own
-(checkpointing.GracefulStop). train.py holds them while Hydra's code and the command line's checks run
+(shell.stop.GracefulStop). train.py holds them while Hydra's code and the command line's checks run
 (hold_ctrl_c), and takes them as KeyboardInterrupt in between (release_ctrl_c); a stop then takes back
 what the process made, unless the run has a checkpoint to continue from, and says which
 (stopped_by_ctrl_c).
@@ -8,7 +8,7 @@ Ctrl-C in the first process of a launch that started the others itself (trainer.
 trainer.devices above 1 on one machine: Lightning starts each further process as a child running
 train.py again).
 
-Until the training loop takes Ctrl-C over (checkpointing.GracefulStop), that process may wait inside
+Until the training loop takes Ctrl-C over (shell.stop.GracefulStop), that process may wait inside
 a rendezvous or a collective, which a signal does not interrupt: Python raises KeyboardInterrupt only
 when the wait ends. Its children stop at the same Ctrl-C, and Lightning, seeing one of them end, kills
 the first process (SIGKILL) within seconds, before it could take back its new run folder. There a

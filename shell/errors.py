@@ -9,6 +9,7 @@ from data import DataError
 from model import ConfigError
 from shell.checks import SettingError
 from shell.run_folder import RunFolderError
+from training.guard import TrainingDiverged  # (shell.run adds what is left of the run, and how to start it again)
 
 
 class RunWriteError(RuntimeError):
@@ -23,16 +24,6 @@ class TrackerError(RuntimeError):
 class ProcessLost(RuntimeError):
     """Another process of a multi-process run ended (killed, or stopped by an error of its own) or
     stopped answering while this one trained. The message says what is left and how to go on."""
-
-
-class TrainingDiverged(RuntimeError):
-    """Training cannot go on: too many non-finite losses in a row, or weights no longer finite. The
-    message says what happened; `instead` is a remedy other than a lower learning rate (shell.run
-    adds what is left of the run and the command that starts it again)."""
-
-    def __init__(self, message: str, instead: str = "") -> None:
-        super().__init__(message)
-        self.instead = instead
 
 
 USER_ERRORS = (

@@ -1,4 +1,5 @@
-"""Model FLOPs utilisation: the FLOPs a model needs per token, and the peak of the device it runs on."""
+"""The peak FLOP/s of the device a run trains on, for its MFU: a GPU's from its data sheet, a CPU's from its
+flags, clock and cores, or the fastest rate seen on it (kept in the user's cache)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,6 @@ import time
 from pathlib import Path
 
 import torch
-
-from model import GPTConfig
 
 # Dense peak TFLOPS per GPU: (bf16/fp16 tensor cores, tf32 tensor cores, plain fp32), from the vendors'
 # data sheets. Matched against torch.cuda.get_device_name(), first match wins, so specific names
@@ -39,18 +38,6 @@ GPU_PEAK_TFLOPS: list[tuple[str, tuple[float, float, float]]] = [
     ("V100", (125.0, 15.7, 15.7)),  # no bf16 or tf32: fp16 tensor cores, else fp32
     ("T4", (65.0, 8.1, 8.1)),
 ]
-
-
-def flops_per_token(config: GPTConfig, training: bool = True) -> float:
-    """Matmul FLOPs per token: 6 per weight for a training step (2 forward, 4 backward) plus the
-    attention products (PaLM's estimate: 12 * n_layer * n_embd * block_size). Embedding lookups
-    cost nothing; the tied lm_head is a real matmul and counts."""
-    C, L = config.n_embd, config.n_layer
-    per_block = 12 * C * C  # c_attn 3C^2, attn c_proj C^2, c_fc 4C^2, mlp c_proj 4C^2
-    weights = L * per_block + C * config.vocab_size
-    attention = 2 * 2 * L * C * config.block_size  # q @ k^T and att @ v: C * T multiply-adds each
-    forward = 2 * weights + attention
-    return 3 * forward if training else forward
 
 
 def gpu_peak_flops(device_name: str, precision: str) -> float | None:
@@ -228,3 +215,9 @@ def device_peak_flops(device: torch.device, precision: str) -> float | None:
     if device.type == "cpu":
         return cpu_peak_flops(bf16="bf16" in str(precision))
     return None
+
+
+def remember_rate(device: torch.device, precision: str, rate: float) -> None:
+    """A rate a device reached above its assumed peak: on a CPU, kept for later runs (record_cpu_rate)."""
+    if device is not None and device.type == "cpu":
+        record_cpu_rate(rate, bf16="bf16" in str(precision))

@@ -105,6 +105,7 @@ class Launch(SweepLaunch):
         }
         self.multirun = any(f in ("-m", "--multirun") for f in self.flags)
         self.first = process_rank() == 0  # of the processes of a multi-process launch
+        self.defaults: dict | None = None  # the config with no overrides, composed once
         self.shown: str | None = None  # what to print instead of running: what an information flag shows
         # that Hydra cannot (continued_config), or that a requeued sweep had finished
 
@@ -131,6 +132,7 @@ class Launch(SweepLaunch):
             )
         check_places({k: v for k, v in (o.split("=", 1) for o in self.overrides if "=" in o)})
         with Composer() as composer:
+            self.defaults = composer.defaults  # what each job's named settings are told from
             if self.multirun:
                 return self.sweep(composer) if self.first else self.sweep_of_launch(composer)
             if any(o.lstrip("+") == "resume=" for o in self.user):  # an unset shell variable: not a new run

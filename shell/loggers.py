@@ -18,8 +18,9 @@ from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.loggers.logger import rank_zero_experiment
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
+from data.writes import write_atomically
 from shell.checks import wandb_mode
-from shell.run_folder import RunFolder, write_atomically
+from shell.run_folder import RunFolder
 
 log = logging.getLogger(__name__)
 

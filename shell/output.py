@@ -30,22 +30,6 @@ def cannot_write(what: str | Path, err: BaseException, instead: str = "choose an
     return f"cannot write {what}: {reason(err)}; {f'{refused.fix} or ' if refused else ''}{instead}"
 
 
-@contextlib.contextmanager
-def making_folders(folder: Path):
-    """For a block that makes `folder` (with its parents) and writes there: should it fail, the folders it
-    made are removed again, innermost first and only while empty, so that a failed write leaves none."""
-    made = [p for p in (folder, *folder.parents) if not p.exists()]
-    try:
-        yield
-    except BaseException:
-        for made_folder in made:
-            try:
-                made_folder.rmdir()
-            except OSError:
-                break
-        raise
-
-
 class GuardedStdout:
     """sys.stdout, whose failed writes (other than a reader that left the pipe) come as OutputError, so
     that they can be told from a failed write of a file."""

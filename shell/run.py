@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,20 +16,21 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.fabric.utilities.rank_zero import rank_zero_only
-from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf
 
-from data.datamodule import TextDataModule
+import training.fit
 from data.writes import refused_write
 from shell.ctrl_c import block_for_children, unblock_ctrl_c
 from shell.errors import USER_ERRORS, ProcessLost, RunWriteError, TrackerError, TrainingDiverged
+from shell.flops import device_peak_flops, remember_rate
 from shell.init_from import Start
 from shell.loggers import build_loggers, finish_loggers
+from shell.progress import ProgressBar
 from shell.run_folder import Claim, RunFolder, claim
-from shell.settings import RunSettings, resolve, resolve_resumed, sample_prompts
+from shell.settings import resolve, resolve_resumed
+from shell.stop import GracefulStop
 from shell.sweep import result_record, summarize
-from training.checkpoints import GracefulStop
-from training.fit import build_checkpointing, build_data, build_module, build_trainer, quiet_known_warnings
+from training.fit import Extras, Fitted, RunSettings, sample_prompts
 from training.module import GPTModule
 
 log = logging.getLogger(__name__)
@@ -158,7 +160,7 @@ def resume_point(resume: str | None, folder: RunFolder) -> Path | None:
 def save_settings(folder: RunFolder, settings: RunSettings) -> None:
     """config.yaml and tokenizer.json: written when a run starts, never rewritten."""
     folder.settings_file.write_text(OmegaConf.to_yaml(settings.saved()))
-    folder.tokenizer_file.write_text(settings.tokenizer_json, encoding="utf-8")
+    folder.tokenizer_file.write_text(settings.tokens.tokenizer_json, encoding="utf-8")
 
 
 def after_divergence(err: TrainingDiverged, folder: RunFolder, settings: RunSettings) -> str:
@@ -202,73 +204,71 @@ def record(
 def fit(
     settings: RunSettings, folder: RunFolder, start: Start | None, extra_callbacks: Sequence[L.Callback]
 ) -> RunResult:
+    """The core's training.fit, with the shell's parts around it: the loggers (started before it, finished
+    after), the progress bar, the stop on a signal, the cluster's plugins, the CPU's peak FLOP/s; an
+    error while it trains said in one line with what is left of the run and how it goes on."""
     quiet_known_warnings()
-    L.seed_everything(settings.values["seed"], workers=True, verbose=False)
-    if torch.cuda.is_available():
-        torch.set_float32_matmul_precision("high")
-    module = build_module(settings, start)
     loggers = build_loggers(settings.values.get("logger") or {}, folder, settings.resume_step)
     start_loggers(loggers, settings.saved())
-    graceful, best = build_checkpointing(settings, folder)
-    trainer = build_trainer(settings, folder, loggers, graceful, best, extra_callbacks)
-    describe_run(settings, module)
-    data = build_data(settings)
-    block_for_children(trainer)  # (a Ctrl-C as the processes of a ddp launch start: shell.ctrl_c)
+    stop = GracefulStop()
+    callbacks = [ProgressBar(settings.accumulation)] if settings.trainer["enable_progress_bar"] else []
+    extras = Extras(
+        loggers=loggers,
+        callbacks=[*callbacks, stop, *extra_callbacks],
+        plugins=cluster_plugins(),
+        peak_flops=device_peak_flops,
+        on_faster=remember_rate,
+        before_fit=lambda trainer, module: before_fit(settings, start, trainer, module),
+    )
     try:
-        fit_to_the_end(trainer, module, data, settings, folder)
+        fitted = training.fit.fit(settings, folder.path, start.state if start else None, extras)
+    except Exception as err:
+        raise in_one_line(err, folder) from None
     finally:
         unblock_ctrl_c()  # (where training never started: see block_for_children)
         finish_loggers(loggers)
-    return result_of(trainer, module, settings, folder, graceful, best)
+    return result_of(fitted, settings, folder, stop)
 
 
-def fit_to_the_end(
-    trainer: L.Trainer, module: GPTModule, data: TextDataModule, settings: RunSettings, folder: RunFolder
-) -> None:
-    """trainer.fit, and the final validation of a run resumed after its last step; an error while it
-    trains is said in one line with what is left of the run and how it goes on (a process of the run
-    lost, a file that could not be written), where the error does not say it in its own words."""
-    try:
-        trainer.fit(module, datamodule=data, ckpt_path=settings.resume_from, weights_only=True)
-        if settings.resume_step == settings.max_steps and module.validated_step != settings.max_steps:
-            # stopped after its last step, before its final validation: fit had no step to train
-            trainer.validate(module, datamodule=data, verbose=False)
-    except Exception as err:
-        if isinstance(err, USER_ERRORS):
-            raise  # (a diverged run, a tracker that failed: said in their own words)
-        if trainer.world_size > 1 and (why := lost_touch(err)):
-            raise ProcessLost(
-                "another process of this run ended (killed, or by an error of its own, printed above) or stopped "
-                f"answering while it trained ({why}); {how_to_go_on(folder)}"
-            ) from None
-        if (cannot := refused_write(err)) is None:
-            raise
-        raise RunWriteError(
+def before_fit(settings: RunSettings, start: Start | None, trainer: L.Trainer, module: GPTModule) -> None:
+    if start:
+        log.info("starting from the weights of %s", start.source)
+    describe_run(settings, module)
+    block_for_children(trainer)  # (a Ctrl-C as the processes of a ddp launch start: shell.ctrl_c)
+
+
+def in_one_line(err: Exception, folder: RunFolder) -> Exception:
+    """An error while the run trained, said in one line with what is left of the run and how it goes on (a
+    process of the run lost, a file that could not be written), where it does not say so in its own words."""
+    if isinstance(err, USER_ERRORS):
+        return err  # (a diverged run, a tracker that failed)
+    if (why := lost_touch(err)) is not None:
+        return ProcessLost(
+            "another process of this run ended (killed, or by an error of its own, printed above) or stopped "
+            f"answering while it trained ({why}); {how_to_go_on(folder)}"
+        )
+    if (cannot := refused_write(err)) is not None:
+        return RunWriteError(
             f"{cannot}: writing {cannot.filename or 'a file of the run'} failed while training; "
             + how_to_go_on(folder, cannot.fix)
-        ) from None
+        )
+    return err
 
 
-def result_of(
-    trainer: L.Trainer,
-    module: GPTModule,
-    settings: RunSettings,
-    folder: RunFolder,
-    graceful: GracefulStop,
-    best: ModelCheckpoint,
-) -> RunResult:
+def result_of(fitted: Fitted, settings: RunSettings, folder: RunFolder, stop: GracefulStop) -> RunResult:
     """What the run reached: its last training and validation values, its checkpoints, and the stop
     signal it took, if any (which stopped it before its end, but at its last step)."""
+    trainer, module = fitted.trainer, fitted.module
     metrics = {**module.latest_train_values, **module.latest_val_values}
     metrics.update({k: float(v) for k, v in trainer.callback_metrics.items() if torch.is_tensor(v) and v.numel() == 1})
     return RunResult(
         run_dir=folder.path,
-        best_checkpoint=Path(best.best_model_path) if best.best_model_path else None,
+        best_checkpoint=Path(fitted.best.best_model_path) if fitted.best.best_model_path else None,
         last_checkpoint=folder.last if folder.last.is_file() else None,
         metrics=metrics,
         step=trainer.global_step,
-        finished=graceful.stopped_at is None,
-        stopped_by=graceful.requested,
+        finished=stop.stopped_at is None,
+        stopped_by=stop.requested,
         prompt=sample_prompts(settings.values)[0],
         fallback=settings.tokens.fallback,
     )
@@ -348,3 +348,29 @@ def data_words(meta: dict[str, Any]) -> str:
 def describe_metrics(metrics: dict[str, Any]) -> str:
     keys = ("val/loss", "val/bpc", "train/loss")
     return ", ".join(f"{k} {metrics[k]:.4f}" for k in keys if k in metrics)
+
+
+def cluster_plugins() -> list[Any]:
+    """Under SLURM, Lightning's own requeue (on SIGUSR1, an hpc_ckpt file and `scontrol requeue`) is
+    off: a stop checkpoints through GracefulStop (SIGTERM), and the requeued job continues its run
+    folder through resume (see train.py)."""
+    from lightning.fabric.plugins.environments import SLURMEnvironment
+
+    return [SLURMEnvironment(auto_requeue=False)] if SLURMEnvironment.detect() else []
+
+
+def quiet_known_warnings() -> None:
+    """Silence warnings that are advice for other setups, not problems of this one."""
+    for message in (
+        r".*does not have many workers.*",  # num_workers=0 is the fast choice on a small CPU
+        r".*GPU available but not used.*",
+        r"Experiment logs directory .* exists and is not empty.*",  # the CSV log shares the run folder
+        r"Checkpoint directory .* exists and is not empty.*",  # a resumed run's own checkpoints
+        r".*isinstance\(treespec, LeafSpec\)` is deprecated.*",  # inside Lightning, with newer torch
+        r".*resuming from a checkpoint that ended before the epoch ended.*",  # StepSampler restarts the data order
+        r"The number of training batches .* is smaller than the logging interval.*",  # a run logs its last step's values
+    ):
+        warnings.filterwarnings("ignore", message=message)
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(
+        lambda record: "litlogger" not in record.getMessage()
+    )

@@ -31,7 +31,9 @@ from typing import Any
 
 import yaml
 
+import checkpoint
 from checkpoint import BEST_NAME, CHECKPOINTS_DIR, LAST_NAME, CheckpointError, checkpoint_step
+from data.writes import write_atomically
 from shell.checks import PATH_KEYS
 
 log = logging.getLogger(__name__)
@@ -43,7 +45,7 @@ class RunFolderError(ValueError):
 
 LOG_NAME = "train.log"  # the run's log, written by Hydra's file handler
 HYDRA_FILES = (".hydra", LOG_NAME)  # Hydra's record of the command line, and the log
-SETTINGS_MARK = "prepared_data"  # a key of the saved settings that marks config.yaml as a run's
+SETTINGS_MARK = checkpoint.PREPARED  # a key of the saved settings that marks config.yaml as a run's
 OWN_CONFIG_KEYS = ("runs_root", "tokens_per_step")  # top-level settings of configs/train.yaml: Hydra's record of ours
 SWEEPS_ROOT = "multirun"  # where sweeps go, a folder each
 SWEEP_RECORD = "multirun.yaml"  # Hydra's record of a sweep's command line, at the root of its folder
@@ -77,7 +79,7 @@ class RunFolder:
         return self.path / CHECKPOINTS_DIR
 
     def step_checkpoint(self, step: int) -> Path:
-        return self.checkpoints / f"step-{step:06d}.ckpt"
+        return checkpoint.step_file(self.checkpoints, step)
 
     @property
     def log(self) -> Path:
@@ -92,9 +94,8 @@ class RunFolder:
         return self.checkpoints / BEST_NAME
 
     def step_checkpoints(self) -> list[Path]:
-        """The periodic checkpoints, oldest first (by step: step-1000000 comes after step-999999)."""
-        steps = [p for p in self.checkpoints.glob("step-*.ckpt") if p.stem[5:].isdigit()]
-        return sorted(steps, key=lambda p: int(p.stem[5:]))
+        """The periodic checkpoints, oldest first."""
+        return checkpoint.step_files(self.checkpoints)
 
     settings_file = property(lambda self: self.path / "config.yaml")
     tokenizer_file = property(lambda self: self.path / "tokenizer.json")
@@ -548,12 +549,6 @@ def step_of(checkpoint: Path) -> int:
         return checkpoint_step(checkpoint)
     except CheckpointError:
         return -1  # a damaged file is never the newest; reading it later says what is wrong
-
-
-def write_atomically(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 # ---- where a run goes --------------------------------------------------------------------------------

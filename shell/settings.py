@@ -12,7 +12,6 @@ import json
 import logging
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -20,7 +19,7 @@ import torch
 from omegaconf import OmegaConf
 from tokenizers import Tokenizer
 
-from checkpoint import CheckpointError, DamagedCheckpoint, check_sums, read_header
+from checkpoint import MACHINE_CHOSEN, PREPARED, CheckpointError, DamagedCheckpoint, check_sums, read_header
 from data import DataError
 from data.cache import TokenCache, discard
 from data.prepare import check_sizes, corpus_key, prepare_corpus, unknown_tokens, usable_cores
@@ -45,8 +44,8 @@ from shell.checks import (
 from shell.flops import cpu_flags
 from shell.init_from import Start, kept_tokenizer, missing_source, model_keys_in, start_from
 from shell.memory import check_fits, process_count_here, this_machine_free, tight_fit
-from shell.run_folder import SETTINGS_MARK as PREPARED
 from shell.run_folder import RunFolder, RunFolderError, process_rank, step_of
+from training.fit import NOT_TRAINER_ARGUMENTS, RunSettings, choose_strategy, sample_prompts
 
 log = logging.getLogger(__name__)
 
@@ -91,84 +90,16 @@ WORKED_OUT = {"model.vocab_size": None, "tokens_per_step": None, "trainer.accumu
 FALLBACK_PASSES = 8
 FALLBACK_PASSES_BPE_DROPOUT = 14
 
-# Trainer settings resolved here rather than passed to lightning.Trainer as they are.
-RESOLVED_TRAINER_KEYS = ("strategy", "precision", "accumulate_grad_batches")
 
 # Settings that, left null, are chosen for the machine (bf16 and compile on a CUDA GPU; eager on a CPU, in
 # bf16 where its bf16 instructions train the model faster, else 32-bit). The saved settings list under
 # this key those a run's command line left to the machine, so that a run continued on other hardware
 # (started on a GPU, resumed on a laptop) is given that machine's choice.
-MACHINE_CHOSEN = "chosen_for_the_machine"
 MACHINE_KEYS = ("trainer.precision", "compile")
 
 # Settings a resume sets itself, beside those a resume may change: where runs live and which to continue,
 # what is saved beside the settings, and the accumulation that follows the number of devices.
 SET_BY_A_RESUME = (*LAUNCH_KEYS, PREPARED, MACHINE_CHOSEN, "trainer.accumulate_grad_batches")
-
-
-@dataclass
-class RunSettings:
-    values: dict[str, Any]  # every setting, final
-    model: GPTConfig
-    tokens: TokenCache  # the prepared corpus: tokenizer and token ids
-    world_size: int
-    accumulation: int
-    resume_from: Path | None = None  # the checkpoint a continued run starts from
-    resume_step: int | None = None  # and its step
-    machine_chosen: tuple[str, ...] = ()  # the MACHINE_KEYS chosen for the machine, not by the command line
-
-    @property
-    def tokenizer_json(self) -> str:
-        return self.tokens.tokenizer_json
-
-    @property
-    def trainer(self) -> dict[str, Any]:
-        return self.values["trainer"]
-
-    @property
-    def max_steps(self) -> int:
-        return self.trainer["max_steps"]
-
-    @property
-    def max_time_seconds(self) -> float | None:
-        return time_budget_seconds(self.trainer["max_time"]) if self.trainer.get("max_time") else None
-
-    @property
-    def micro_batch_tokens(self) -> int:
-        return self.values["data"]["batch_size"] * self.model.block_size
-
-    @property
-    def tokens_per_step(self) -> int:
-        return self.values["tokens_per_step"]
-
-    def trainer_arguments(self) -> dict[str, Any]:
-        arguments = trainer_arguments(self.trainer)
-        every = arguments.get("val_check_interval")
-        if isinstance(every, int) and not isinstance(every, bool):  # steps, where Lightning counts micro-batches
-            arguments["val_check_interval"] = every * self.accumulation
-        limit = arguments.get("limit_val_batches")
-        if isinstance(limit, int) and not isinstance(limit, bool) and self.world_size > 1:
-            # batches of the whole validation, where Lightning counts each process's: as every process
-            # scores every world_size-th window, this is the windows one process would score
-            arguments["limit_val_batches"] = -(-limit // self.world_size)
-        return arguments
-
-    def saved(self) -> dict[str, Any]:
-        """What config.yaml and each checkpoint hold: the settings, and the token cache entry."""
-        return {
-            **copy.deepcopy(self.values),
-            PREPARED: {
-                "cache_key": self.tokens.key,
-                "source": self.tokens.meta.get("source"),
-                **({"encodings_made": made} if (made := self.tokens.meta.get("encodings_made")) else {}),
-            },
-            MACHINE_CHOSEN: list(self.machine_chosen),
-        }
-
-
-def trainer_arguments(trainer: dict[str, Any]) -> dict[str, Any]:
-    """lightning.Trainer's arguments, but the ones resolved here (strategy, precision, accumulation)."""
-    return {k: v for k, v in trainer.items() if k not in RESOLVED_TRAINER_KEYS}
 
 
 # ---- checking ----------------------------------------------------------------------------------------
@@ -248,16 +179,6 @@ def choose_compile(requested: bool | None, accelerator: str = "auto", machine: M
     return on_cuda(accelerator, machine) and machine.triton
 
 
-def choose_strategy(name: Any):
-    """`fsdp`: FSDP2 through Lightning's ModelParallelStrategy (training.checkpoints.FSDP2Strategy,
-    and GPTModule.configure_model, which shards); other names go to Lightning as they are."""
-    if name == "fsdp":
-        from training.checkpoints import FSDP2Strategy
-
-        return FSDP2Strategy()
-    return name
-
-
 def warn(message: str) -> None:
     """A warning about the run's settings, said by the first process only: every process of a
     multi-process run resolves the settings, and the user is to read each warning once."""
@@ -326,7 +247,9 @@ def check(values: dict[str, Any], new_run: bool = True) -> tuple[dict[str, Any],
         values["compile"] = choose_compile(values.get("compile"), accelerator, machine)
         check_fsdp(values)
         world_size = probe_trainer(
-            trainer_arguments(trainer), choose_strategy(trainer.get("strategy", "auto")), trainer["precision"]
+            {k: v for k, v in trainer.items() if k not in NOT_TRAINER_ARGUMENTS},
+            choose_strategy(trainer.get("strategy", "auto")),
+            trainer["precision"],
         )
         if new_run and not values.get("init_from"):
             global_batch(values, world_size)
@@ -372,6 +295,7 @@ def resolve(requested: dict[str, Any], named: Iterable[str] = ()) -> tuple[RunSe
         values["tokens_per_step"], accumulation = global_batch(values, world_size)
         check_memory(values, model, world_size)
         size_to_fallback(values, tokens, named)
+        fit_warmup(values)
         check_sample_prompts(values, tokens.tokenizer_json)
     except (SettingError, ConfigError, DataError):
         if tokens.made_now:  # refused: the entry made for it goes too
@@ -416,6 +340,19 @@ def size_to_fallback(values: dict[str, Any], tokens: TokenCache, named: Iterable
         f"{tokens.fallback}: training on the offline pydoc corpus ({chars:,} characters of Python's help texts) "
         f"instead, {length}; set data.path=/path/to/input.txt to use a local copy"
     )
+
+
+def fit_warmup(values: dict[str, Any]) -> None:
+    """A warmup as long as the run or longer (trainer.max_steps=20 beside the default 50 warmup steps) is
+    shortened to a tenth of the run, said in one line: a short run is what the command line asked for."""
+    steps, warmup = values["trainer"]["max_steps"], values["optim"]["warmup_steps"]
+    if 0 < steps <= warmup:
+        values["optim"]["warmup_steps"] = steps // 10
+        if process_rank() == 0:
+            log.info(
+                "optim.warmup_steps=%d is not shorter than the run's %d step%s: warming up over %d instead",
+                warmup, steps, "" if steps == 1 else "s", steps // 10,
+            )  # fmt: skip
 
 
 def resolve_resumed(checkpoint: Path, requested: dict[str, Any], named: Iterable[str]) -> RunSettings:
@@ -529,11 +466,6 @@ def read_run_header(checkpoint: Path) -> dict[str, Any]:
 
 def prepare(values: dict[str, Any], given: Tokenizer | None) -> TokenCache:
     return prepare_corpus(OmegaConf.create(values["data"]), OmegaConf.create(values["tokenizer"]), given)
-
-
-def sample_prompts(values: dict[str, Any]) -> list[str]:
-    """The prompts the run's text samples continue: samples.prompts, else the data's own, else one empty."""
-    return list(values["samples"]["prompts"] or values["data"].get("sample_prompts") or [""])
 
 
 def check_sample_prompts(values: dict[str, Any], tokenizer_json: str) -> None:

@@ -20,7 +20,8 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from shell.run_folder import SWEEP_RECORD, RunFolder, process_rank, sweep_continue_command, write_atomically
+from data.writes import write_atomically
+from shell.run_folder import SWEEP_RECORD, RunFolder, process_rank, sweep_continue_command
 
 log = logging.getLogger(__name__)
 

@@ -19,6 +19,7 @@ import torch
 from omegaconf import OmegaConf
 
 ROOT = Path(__file__).resolve().parents[1]
+FAULTS = ROOT / "tests" / "faults"  # put on PYTHONPATH where a test injects a fault (failpoints.py there)
 SHAKESPEARE_CHARS = 1_115_394  # the length of Tiny Shakespeare's input.txt
 
 # The default data settings (data.cache_dir, data.local_copies), as train.py composes them
@@ -131,10 +132,22 @@ def script_command(args: tuple[str, ...], cwd: Path) -> list[str]:
 
 def script_environment(env: dict | None, failpoint: str | None) -> dict:
     """env, or else this process's environment less any TINYGPT2_FAILPOINT of its own; with failpoint
-    given, TINYGPT2_FAILPOINT set to it (training/failpoints.py)."""
+    given, TINYGPT2_FAILPOINT set to it and tests/faults on PYTHONPATH, which installs the faults in the
+    script's processes (tests/faults/failpoints.py)."""
     if env is None:
         env = {key: value for key, value in os.environ.items() if key != "TINYGPT2_FAILPOINT"}
-    return {**env, "TINYGPT2_FAILPOINT": failpoint} if failpoint else dict(env)
+    if not failpoint:
+        return dict(env)
+    path = os.pathsep.join(filter(None, [str(FAULTS), env.get("PYTHONPATH")]))
+    return {**env, "TINYGPT2_FAILPOINT": failpoint, "PYTHONPATH": path}
+
+
+def inject_faults(monkeypatch, failpoint: str) -> None:
+    """TINYGPT2_FAILPOINT=failpoint for what this test runs in its own process (tests/faults/failpoints.py)."""
+    from tests.faults import failpoints
+
+    monkeypatch.setenv(failpoints.ENV, failpoint)
+    failpoints.install()
 
 
 def run_printed(command: str, cwd: Path) -> subprocess.CompletedProcess:

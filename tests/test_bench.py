@@ -113,7 +113,7 @@ def test_a_benchmark_refuses_a_bad_count_in_one_line(script, args, said):
 def test_prepare_ends_on_the_preparations_own_line_when_the_disk_fills_part_way(tmp_path):
     """The disk filling during the preparation (after the check of room up front) ended in a DataError
     traceback from the child process, then a second line from the benchmark."""
-    env = {**script_environment(None, None), "TMPDIR": str(tmp_path), "TINYGPT2_FAILPOINT": "cache_enospc:1"}
+    env = {**script_environment(None, "cache_enospc:1"), "TMPDIR": str(tmp_path)}
     proc = run_script("bench/prepare.py", "--mb", "1", env=env, timeout=300)
     assert proc.returncode == 1
     assert "Traceback" not in proc.stderr

@@ -26,6 +26,7 @@ from tests.common import (
     assert_bit_equal,
     bpe_config,
     data_config,
+    inject_faults,
     one_error_line,
     run_printed,
     run_script,
@@ -109,7 +110,7 @@ def test_a_damaged_encoding_is_said_and_made_again(tmp_path, small_text, caplog)
 
 
 def test_a_stopped_preparation_goes_on_with_the_encodings_it_finished(tmp_path, small_text, monkeypatch, caplog):
-    monkeypatch.setenv("TINYGPT2_FAILPOINT", "cache_enospc:1")  # the joining fails, after every encoding
+    inject_faults(monkeypatch, "cache_enospc:1")  # the joining fails, after every encoding
     with pytest.raises(DataError, match="is kept"):
         dropout_entry(tmp_path, small_text, copies=2)
     monkeypatch.delenv("TINYGPT2_FAILPOINT")

@@ -15,6 +15,7 @@ from shell.flops import (
     fp32_flops_per_cycle,
     peak_cache,
     record_cpu_rate,
+    remember_rate,
     theoretical_cpu_peak_flops,
     this_cpu_theoretical_peak,
 )
@@ -103,14 +104,14 @@ def test_only_a_faster_rate_replaces_the_one_kept_and_other_entries_stay(tmp_pat
 
 def test_mfu_never_exceeds_one_a_faster_rate_raises_the_peak_and_a_cpu_remembers_it(tmp_path, monkeypatch):
     monkeypatch.setenv("TINYGPT2_CACHE", str(tmp_path))
-    meter = Throughput(tokens_per_step=1024, world_size=1, precision="32-true")
+    meter = Throughput(tokens_per_step=1024, world_size=1, precision="32-true", on_faster=remember_rate)
     meter.device, meter.peak = torch.device("cpu"), 1e9
     assert meter.utilisation(5e8) == 0.5
     assert meter.utilisation(4e9) == 1.0 and meter.peak == 4e9
     assert meter.utilisation(2e9) == 0.5
     assert fastest_seen(tmp_path) == {cpu_key(): 4e9}
 
-    gpu = Throughput(tokens_per_step=1024, world_size=1, precision="bf16-mixed")
+    gpu = Throughput(tokens_per_step=1024, world_size=1, precision="bf16-mixed", on_faster=remember_rate)
     gpu.device, gpu.peak = torch.device("cuda", 0), 1e12
     assert gpu.utilisation(2e12) == 1.0 and gpu.peak == 2e12
     assert fastest_seen(tmp_path) == {cpu_key(): 4e9}  # a GPU's rate is no CPU's
@@ -130,7 +131,7 @@ def test_a_cpu_that_multiplies_bfloat16_in_hardware_has_a_bf16_peak_of_its_own(t
     # the fastest rates seen are kept apart: a bf16 run's rate does not raise the fp32 peak
     monkeypatch.setenv("TINYGPT2_CACHE", str(tmp_path))
     store(tmp_path, 1e16)
-    meter = Throughput(tokens_per_step=1024, world_size=1, precision="bf16-mixed")
+    meter = Throughput(tokens_per_step=1024, world_size=1, precision="bf16-mixed", on_faster=remember_rate)
     meter.device, meter.peak = torch.device("cpu"), 1e9
     assert meter.utilisation(4e9) == 1.0
     assert fastest_seen(tmp_path) == {cpu_key(): 1e16, cpu_key(bf16=True): 4e9}

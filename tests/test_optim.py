@@ -9,7 +9,7 @@ import torch
 
 from model import GPTConfig
 from shell.checks import SettingError, check_together
-from shell.flops import flops_per_token, gpu_peak_flops
+from shell.flops import gpu_peak_flops
 from shell.settings import Machine, choose_precision, global_batch
 from tests.tiny import untrained_gpt
 from training.optim import lr_factor, make_adamw, parameter_groups
@@ -150,9 +150,9 @@ def test_the_machine_the_choices_read_is_this_one():
 def test_flops_per_token_match_the_known_gpt2_figure():
     # GPT-2 small with nanoGPT's padded vocabulary: 6N + 12 L C T = 0.855 GFLOPs per token
     gpt2 = GPTConfig(vocab_size=50304)
-    assert flops_per_token(gpt2) == 6 * (12 * 12 * 768**2 + 768 * 50304) + 12 * 12 * 768 * 1024
-    assert flops_per_token(gpt2) / 1e9 == pytest.approx(0.8547, abs=1e-3)
-    assert flops_per_token(gpt2, training=False) == flops_per_token(gpt2) / 3
+    assert gpt2.flops_per_token() == 6 * (12 * 12 * 768**2 + 768 * 50304) + 12 * 12 * 768 * 1024
+    assert gpt2.flops_per_token() / 1e9 == pytest.approx(0.8547, abs=1e-3)
+    assert gpt2.flops_per_token(training=False) == gpt2.flops_per_token() / 3
 
 
 def test_known_gpu_peaks_depend_on_precision():

@@ -1,8 +1,8 @@
 """A run can be killed at any moment and resumed exactly; bad luck never costs work.
 
-Processes are killed for real (SIGKILL, SIGINT, SIGTERM). Fault injection (TINYGPT2_FAILPOINT, see
-training/failpoints.py) picks the exact moment where timing alone could not: a given step, halfway
-through a checkpoint write, a NaN loss, a full disk.
+Processes are killed for real (SIGKILL, SIGINT, SIGTERM). Fault injection from outside the program
+(TINYGPT2_FAILPOINT, see tests/faults/failpoints.py) picks the exact moment where timing alone could not:
+a given step, halfway through a checkpoint write, a NaN loss, a full disk.
 """
 
 from __future__ import annotations

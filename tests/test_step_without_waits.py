@@ -16,7 +16,7 @@ from torch.overrides import TorchFunctionMode
 from shell.errors import TrainingDiverged
 from shell.run import train
 from shell.settings import Machine, check, choose_compile
-from tests.common import TINY_OVERRIDES, checkpoint_weights, compose_config
+from tests.common import TINY_OVERRIDES, checkpoint_weights, compose_config, inject_faults
 
 # Tensor methods that hand a tensor's values to Python: on a GPU, each waits for the device.
 READ_BACKS = {
@@ -103,7 +103,7 @@ def assert_unchanged(after: Path, before: Path) -> None:
 def test_only_logging_and_checkpoint_steps_read_values_back_and_skipped_steps_change_nothing(
     small_text, tmp_path, monkeypatch, caplog
 ):
-    monkeypatch.setenv("TINYGPT2_FAILPOINT", "nan:5-8")
+    inject_faults(monkeypatch, "nan:5-8")
     watch = WatchSteps()
     run = tmp_path / "run"
     with caplog.at_level(logging.WARNING):
@@ -130,7 +130,7 @@ def test_only_logging_and_checkpoint_steps_read_values_back_and_skipped_steps_ch
 
 def test_a_run_of_non_finite_steps_between_two_reads_still_stops_the_run(small_text, tmp_path, monkeypatch):
     # steps 2-4 are not finite and step 5 is again: the run of three is over by the read at step 5
-    monkeypatch.setenv("TINYGPT2_FAILPOINT", "nan:2-4")
+    inject_faults(monkeypatch, "nan:2-4")
     run = tmp_path / "run"
     settings = overrides(small_text, "optim.max_nonfinite_in_a_row=3", "checkpoint.every_n_steps=100")
     with pytest.raises(TrainingDiverged, match=r"^training diverged: 3 steps in a row \(up to step 5\)"):
@@ -139,7 +139,7 @@ def test_a_run_of_non_finite_steps_between_two_reads_still_stops_the_run(small_t
 
 def test_muons_skipped_steps_change_nothing_either(small_text, tmp_path, monkeypatch):
     # Muon takes no device-side flag: its steps are skipped by dropping the gradients
-    monkeypatch.setenv("TINYGPT2_FAILPOINT", "nan:5-8")
+    inject_faults(monkeypatch, "nan:5-8")
     run = tmp_path / "run"
     train(compose_config(*overrides(small_text, "optim=muon", "trainer.max_steps=8")), run)
     assert_unchanged(run / "checkpoints" / "step-000008.ckpt", run / "checkpoints" / "step-000004.ckpt")

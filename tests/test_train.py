@@ -99,7 +99,7 @@ def test_bits_per_character_follow_from_the_loss(small_text, tmp_path):
 
 
 def test_the_progress_bar_redraws_at_most_so_often_and_ends_on_the_last_step(small_text, tmp_path, capfd, monkeypatch):
-    from training.callbacks import ProgressBar
+    from shell.progress import ProgressBar
 
     monkeypatch.setattr(ProgressBar, "REDRAW_SECONDS", 1e9)  # only the first and last steps and validations redraw
     cfg = compose_config(
