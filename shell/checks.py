@@ -22,11 +22,17 @@ from typing import Any
 from urllib.parse import urlparse
 
 from data.tokenizer import bpe_vocab_size_problem
-from model import GPTConfig
+from model import ConfigError, GPTConfig
+from training.optim import OPTIMIZERS, SCHEDULES
 
 
 class SettingError(ValueError):
-    """A training setting that cannot work; the message names it and says how to fix it."""
+    """A training setting that cannot work; the message names it and says how to fix it. The problems
+    of one command line are reported together (`several`), one `error:` line each."""
+
+    @classmethod
+    def several(cls, problems: list[str]) -> SettingError:
+        return cls("\nerror: ".join(dict.fromkeys(problems)))  # printed after "error: ", as one problem is
 
 
 MISSING = "???"  # Hydra's mark for a value that must be given
@@ -298,6 +304,7 @@ def as_max_time(max_time: Any) -> str:
     return f"{seconds // 86400:02d}:{seconds // 3600 % 24:02d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
+WANDB_MODES = ("auto", "online", "offline", "disabled")
 COUNT_LIMIT = 2**31 - 1  # counts beyond this are typos, and overflow the sizes torch and numpy take
 STEPS = Number(whole=True, min=1, max=COUNT_LIMIT)
 SEED = Number(whole=True, min=0, below=2**32)
@@ -330,17 +337,17 @@ SPEC: dict[str, Any] = {
     "samples.temperature": Number(min=0),
     "samples.top_k": Number(whole=True, min=1, optional=True),
     "samples.seed": SEED,
-    "optim.name": Choice(("adamw", "muon")),
+    "optim.name": Choice(tuple(OPTIMIZERS)),
     "optim.momentum": Number(min=0, below=1),
     "optim.lr": Number(above=0),
     "optim.weight_decay": Number(min=0),
     "optim.betas": ListOf(Number(min=0, below=1), length=2),
     "optim.warmup_steps": Number(whole=True, min=0),
-    "optim.schedule": Choice(("cosine", "linear", "constant")),
+    "optim.schedule": Choice(tuple(SCHEDULES)),
     "optim.min_lr_ratio": Number(min=0, max=1),
     "optim.max_nonfinite_in_a_row": STEPS,
     "tokenizer.kind": Choice(("bpe", "char", "pretrained")),
-    "tokenizer.vocab_size": Number(whole=True, max=COUNT_LIMIT),  # its least is BPE's: check_together says why
+    "tokenizer.vocab_size": Number(whole=True, max=COUNT_LIMIT),  # its least is BPE's: problems_of_data_and_trackers says why
     "tokenizer.max_train_chars": STEPS,
     "tokenizer.path": PathText(),
     "tokenizer.dropout": Number(min=0, below=1),
@@ -372,7 +379,7 @@ SPEC: dict[str, Any] = {
     "logger.wandb.name": Text(optional=True),
     "logger.wandb.group": Text(optional=True),
     "logger.wandb.tags": ListOf(Text(most=64)),
-    "logger.wandb.mode": Choice(("auto", "online", "offline", "disabled")),
+    "logger.wandb.mode": Choice(WANDB_MODES),
     "logger.wandb.log_model": Flag(),
     "logger.csv": dict,
     "logger.tensorboard": dict,
@@ -458,22 +465,46 @@ REQUIRED = (
 
 
 def check_values(values: dict[str, Any]) -> dict[str, Any]:
-    """Check every setting of a composed config (a plain dict, interpolations resolved); returns a copy
-    with whole numbers given as 1e3 or 5.0 made ints."""
+    """Check every setting of a composed config (a plain dict, interpolations resolved) against SPEC and
+    Lightning's own types, then the settings that go together; every problem is reported at once.
+    Returns a copy with whole numbers given as 1e3 or 5.0 made ints."""
     needed = [*REQUIRED, *(["tokenizer.vocab_size"] if lookup(values, "tokenizer.kind") == "bpe" else [])]
     missing = [key for key in needed if lookup(values, key) is ABSENT]
     if missing:
-        raise SettingError(
-            f"{missing[0]} is missing, and a run needs it; give it a value ({missing[0]}=...) instead of removing it"
+        raise SettingError.several(
+            [
+                f"{key} is missing, and a run needs it; give it a value ({key}=...) instead of removing it"
+                for key in missing
+            ]
         )
     values = copy.deepcopy(values)
-    for key, value in list(leaves(values)):
-        if value == MISSING:
-            raise SettingError(REQUIRED_HINTS.get(key, f"{key} must be given: it has no default; add {key}=..."))
-        spec = SPEC.get(key)
+    problems = [problem for key, value in list(leaves(values)) if (problem := check_value(values, key, value))]
+    problems += [f"unknown logger '{name}'; use logger=wandb, tensorboard, csv or none (or a list of them)"
+                 for name in values.get("logger") or {} if name not in ("wandb", "tensorboard", "csv")]  # fmt: skip
+    model = values.get("model") or {}
+    for name in WHOLE_MODEL_SETTINGS:  # model.n_embd=1e3 is 1000, as for every other whole-number setting
+        if isinstance(model.get(name), float) and model[name].is_integer():
+            model[name] = int(model[name])
+    try:
+        check_model(model)
+    except ConfigError as err:
+        problems.append(str(err))
+    if not problems:  # settings that go together, each known to be of its kind
+        problems += list(problems_together(values))
+    if problems:
+        raise SettingError.several(problems)
+    return values
+
+
+def check_value(values: dict[str, Any], key: str, value: Any) -> str | None:
+    """What is wrong with one setting, or None; a whole number given as 1e3 is made an int in values."""
+    if value == MISSING:
+        return REQUIRED_HINTS.get(key, f"{key} must be given: it has no default; add {key}=...")
+    spec = SPEC.get(key)
+    try:
         if spec is dict:
             if not isinstance(value, dict) or value:
-                raise SettingError(f"{key} takes no settings, got {shown(value)}")
+                return f"{key} takes no settings, got {shown(value)}"
         elif spec is not None:
             spec.check(key, value)
             if getattr(spec, "whole", False) and isinstance(value, float):
@@ -485,23 +516,12 @@ def check_values(values: dict[str, Any]) -> dict[str, Any]:
             choose = (
                 " (loggers are chosen with logger=NAME, a list, or logger=none)" if key.startswith("logger.") else ""
             )
-            raise SettingError(f"{key} holds settings ({names}), not one value; set one of them{choose}")
+            return f"{key} holds settings ({names}), not one value; set one of them{choose}"
         elif not key.startswith("model."):
-            raise SettingError(
-                f"unknown setting '{key}'; check the spelling (python train.py --cfg job lists every setting)"
-            )
-    for name in values.get("logger") or {}:
-        if name not in ("wandb", "tensorboard", "csv"):
-            raise SettingError(
-                f"unknown logger '{name}'; use logger=wandb, tensorboard, csv or none (or a list of them)"
-            )
-    model = values.get("model") or {}
-    for name in WHOLE_MODEL_SETTINGS:  # model.n_embd=1e3 is 1000, as for every other whole-number setting
-        if isinstance(model.get(name), float) and model[name].is_integer():
-            model[name] = int(model[name])
-    check_model(model)
-    check_together(values)
-    return values
+            return f"unknown setting '{key}'; check the spelling (python train.py --cfg job lists every setting)"
+    except SettingError as err:
+        return str(err)
+    return None
 
 
 def leaves(values: dict[str, Any], prefix: str = ""):
@@ -554,7 +574,6 @@ def check_model(model: dict[str, Any]) -> None:
     GPTConfig.from_dict(model)
 
 
-WANDB_MODES = ("auto", "online", "offline", "disabled")
 # the values wandb itself reads from WANDB_MODE, and the mode each means (dryrun and run are old names)
 WANDB_ENV_MODES = {
     "online": "online",
@@ -596,49 +615,50 @@ def wandb_mode(requested: str) -> str:
     return "online" if wandb_credentials_present() else "offline"
 
 
-def check_together(values: dict[str, Any]) -> None:
-    """Settings that are each fine but cannot work, or would silently train wrongly, together."""
+def problems_together(values: dict[str, Any]):
+    """Settings that are each fine but cannot work, or would silently train wrongly, together: one line each."""
     trainer, optim = values.get("trainer") or {}, values.get("optim") or {}
-    wandb = (values.get("logger") or {}).get("wandb")
-    if wandb and wandb_mode(wandb["mode"]) == "online" and not wandb_credentials_present():
-        # online asked for by WANDB_MODE: unsetting it works for a resumed run too, which keeps its logger.wandb.mode
-        offline = "with logger.wandb.mode=offline" if wandb["mode"] == "online" else "by unsetting WANDB_MODE"
-        raise SettingError(
-            "wandb logs online only with an account on this machine: run `wandb login` (or set WANDB_API_KEY), "
-            f"or log offline {offline} and upload later with `wandb sync`"
-        )
-    max_steps = trainer.get("max_steps")
-    if max_steps == -1 and not trainer.get("max_time"):
-        raise SettingError("trainer.max_steps=-1 needs a time limit: set trainer.max_time=00:00:05:00 (dd:hh:mm:ss)")
-    if (
-        optim.get("name") == "adamw" and "momentum" in optim
-    ):  # optim=muon optim.name=adamw: the momentum would be ignored
-        raise SettingError(
+    if trainer.get("max_steps") == -1 and not trainer.get("max_time"):
+        yield "trainer.max_steps=-1 needs a time limit: set trainer.max_time=00:00:05:00 (dd:hh:mm:ss)"
+    if optim.get("name") == "adamw" and "momentum" in optim:  # optim=muon optim.name=adamw: it would be ignored
+        yield (
             "optim.momentum is Muon's setting, and AdamW has none (its momentum is optim.betas): for AdamW choose "
             "the group optim=adamw and leave optim.momentum out; for Muon choose optim=muon"
         )
-    if optim.get("name") == "muon":
-        if optim.get("momentum") is None:
-            raise SettingError("optim.name=muon needs optim.momentum; choose the group instead: optim=muon")
-        if trainer.get("strategy") == "fsdp":  # its state is two optimizers', which FSDP cannot gather whole
-            raise SettingError(
-                "optim=muon does not work with trainer.strategy=fsdp (its checkpoint cannot gather the state of its "
-                "two optimizers); use optim=adamw, or trainer.strategy=ddp"
-            )
+    if optim.get("name") == "muon" and optim.get("momentum") is None:
+        yield "optim.name=muon needs optim.momentum; choose the group instead: optim=muon"
+    if optim.get("name") == "muon" and trainer.get("strategy") == "fsdp":  # FSDP cannot gather two optimizers' state
+        yield (
+            "optim=muon does not work with trainer.strategy=fsdp (its checkpoint cannot gather the state of its "
+            "two optimizers); use optim=adamw, or trainer.strategy=ddp"
+        )
+    if optim.get("name") == "muon" and str(trainer.get("precision")).startswith("16"):  # (unscaled twice: a crash)
+        yield "optim=muon does not work with float16's gradient scaling; use trainer.precision=bf16-mixed or 32-true"
     if trainer.get("check_val_every_n_epoch") is not None:
-        raise SettingError(
+        yield (
             "trainer.check_val_every_n_epoch cannot be set: a run is one pass of trainer.max_steps batches; "
             "validate every N steps with trainer.val_check_interval=N"
         )
     if values.get("tokens_per_step") is not None and (trainer.get("accumulate_grad_batches") or 1) != 1:
-        raise SettingError("set either tokens_per_step or trainer.accumulate_grad_batches, not both")
+        yield "set either tokens_per_step or trainer.accumulate_grad_batches, not both"
+    yield from problems_of_data_and_trackers(values)
+
+
+def problems_of_data_and_trackers(values: dict[str, Any]):
     tokenizer = values.get("tokenizer") or {}
     if tokenizer.get("kind") == "pretrained" and not tokenizer.get("path"):
-        raise SettingError(REQUIRED_HINTS["tokenizer.path"])
+        yield REQUIRED_HINTS["tokenizer.path"]
     if tokenizer.get("kind") == "bpe" and isinstance(tokenizer.get("vocab_size"), int):
-        problem = bpe_vocab_size_problem(tokenizer["vocab_size"])  # said before the text is read, not after
-        if problem:
-            raise SettingError(problem)
+        if problem := bpe_vocab_size_problem(tokenizer["vocab_size"]):  # said before the text is read, not after
+            yield problem
+    wandb = (values.get("logger") or {}).get("wandb")
+    if wandb and wandb_mode(wandb["mode"]) == "online" and not wandb_credentials_present():
+        # online asked for by WANDB_MODE: unsetting it works for a resumed run too, which keeps its logger.wandb.mode
+        offline = "with logger.wandb.mode=offline" if wandb["mode"] == "online" else "by unsetting WANDB_MODE"
+        yield (
+            "wandb logs online only with an account on this machine: run `wandb login` (or set WANDB_API_KEY), "
+            f"or log offline {offline} and upload later with `wandb sync`"
+        )
 
 
 # ---- any other Lightning Trainer argument --------------------------------------------------------------

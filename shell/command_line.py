@@ -11,6 +11,7 @@ from typing import Any
 
 from omegaconf import OmegaConf, open_dict
 
+from shell import resume
 from shell.checks import ABSENT, lookup, trainer_parameters
 from shell.config_groups import (
     CONFIG_DIR,
@@ -115,7 +116,7 @@ class Composer:
         several = re.match(r"Ambiguous value for argument '(([^=']+)=[^']*)'", str(err))
         if several:
             key, value = several.group(2), several.group(1).split("=", 1)[1]
-            if key.lstrip("+") == "resume":  # one run, which -m would not sweep either
+            if resume.is_resume(key):  # one run, which -m would not sweep either
                 return CommandLineError(
                     f"{several.group(1)} gives several values, and resume= continues one run: continue each alone "
                     f"(python train.py resume=RUN); if the comma is part of the folder's name, quote it: "

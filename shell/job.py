@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 
+from shell import resume
 from shell.command_line import CommandLineError
 from shell.config_groups import named_settings
 from shell.ctrl_c import (
@@ -90,7 +91,7 @@ def job(cfg: DictConfig) -> float | None:
     raise_deferred_stop()  # and one the job before took at its last step
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
-    resuming = cfg.get("resume") and str(hydra_cfg.output_subdir).startswith(RunFolder.resume_record(""))
+    resuming = resume.resumes_a_run(cfg, hydra_cfg.output_subdir)
     where = (run_dir, run_dir / hydra_cfg.output_subdir if resuming else None)
     WATCH.arm(lambda: report_ctrl_c(*where))  # (Ctrl-C while the processes of a ddp launch start)
     try:
@@ -134,8 +135,7 @@ def continue_job(cfg: DictConfig, folder: RunFolder) -> float | None:
                     handler.handle(record)
         return metrics.get(OBJECTIVE, math.inf)
     if state == "resume":
-        with open_dict(cfg):
-            cfg.resume = str(folder.checkpoint_to_resume())
+        resume.continue_from(cfg, folder.checkpoint_to_resume())
     elif state == "again" and process_rank() == 0:
         try:
             folder.clear_start()
@@ -175,7 +175,7 @@ def ended_by_error(err: Exception, hydra_cfg: DictConfig, requested: dict, overr
     records it (and returns the worst objective) so that the sweep goes on."""
     run_dir = Path(hydra_cfg.runtime.output_dir)
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
-    if requested.get("resume") and str(hydra_cfg.output_subdir).startswith(RunFolder.resume_record("")):
+    if resume.resumes_a_run(requested, hydra_cfg.output_subdir):
         shutil.rmtree(
             run_dir / hydra_cfg.output_subdir, ignore_errors=True
         )  # a refused resume leaves its run as it was
@@ -186,7 +186,7 @@ def ended_by_error(err: Exception, hydra_cfg: DictConfig, requested: dict, overr
             sys.exit(1)  # every process meets a divergence alike, and another's end is the first's to tell
         sys.exit(f"error: {err}")
     log.error("error: %s", err)  # one job of a sweep: recorded, and the sweep goes on
-    if isinstance(err, RunFolderError) or requested.get("resume"):  # a folder this job could not have, or
+    if isinstance(err, RunFolderError) or resume.asked(requested):  # a folder this job could not have, or
         return math.inf  # a stopped job of a sweep that could not continue: whatever is there stays
     folder = RunFolder(run_dir)
     if not folder.result_file.is_file():  # (a job that diverged has recorded how)

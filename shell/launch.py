@@ -13,7 +13,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from checkpoint import CheckpointError, read_header
+from shell import resume
 from shell.checks import ABSENT, SettingError, check_writable, lookup
 from shell.command_line import SEARCH_GROUPS, CommandLineError, Composer, as_trainer_argument
 from shell.config_groups import group_choices, named_settings
@@ -24,11 +24,7 @@ from shell.run_folder import (
     adopt,
     claim,
     claim_new_folder,
-    folder_of,
-    launcher_folder,
-    launcher_restarted,
     process_rank,
-    resumable_runs,
 )
 from shell.settings import check, continue_settings, matches
 from shell.sweep_launch import SweepLaunch
@@ -135,7 +131,7 @@ class Launch(SweepLaunch):
             self.defaults = composer.defaults  # what each job's named settings are told from
             if self.multirun:
                 return self.sweep(composer) if self.first else self.sweep_of_launch(composer)
-            if any(o.lstrip("+") == "resume=" for o in self.user):  # an unset shell variable: not a new run
+            if "" in resume.given(self.user):  # an unset shell variable: not a new run
                 raise CommandLineError(
                     "resume= is empty: give the run to continue (resume=outputs/DATE/TIME), or leave resume= out "
                     "to start a new run"
@@ -156,12 +152,12 @@ class Launch(SweepLaunch):
         """--cfg job (or all) with resume=RUN: the settings that run would continue with, which Hydra's
         own --cfg cannot show (it composes configs/ as for a new run); None for any other command line."""
         word = flag_word(self.args, ("--cfg", "-c"))
-        if word not in ("job", "all") or not any(o.lstrip("+").split("=")[0] == "resume" for o in overrides):
+        if word not in ("job", "all") or not any(resume.is_resume(o) for o in overrides):
             return None
         user = [o for o in overrides if not o.lstrip("+~").startswith("hydra.")]
         requested = composer.compose(overrides, with_hydra=True)
         requested.pop("hydra")
-        if not requested.get("resume"):
+        if not resume.asked(requested):
             return None
         named = named_settings(user, requested, composer.defaults)
         folder, checkpoint, _ = self.choose(requested, named)
@@ -180,44 +176,15 @@ class Launch(SweepLaunch):
         return f"# the settings {folder.path} continues with, from {checkpoint.name}\n{package_line}{OmegaConf.to_yaml(values)}"
 
     def choose(self, requested: dict, named: list[str]) -> tuple[RunFolder | None, Path | None, bool]:
-        """(the run folder, or None for a new one named by the time; the checkpoint to continue from, or
-        None for a new run; whether a scheduler restarts a job that stopped before its first checkpoint)."""
-        resume, explicit = requested.get("resume"), self.hydra.get("hydra.run.dir")
-        given = RunFolder(explicit) if explicit else launcher_folder(requested["runs_root"])
-        if resume and resume != "auto":
-            folder = folder_of(resume)
-            if explicit and RunFolder(explicit).path != folder.path:
-                raise RunFolderError(
-                    f"hydra.run.dir={explicit} is not the run resume= continues ({folder.path}); leave hydra.run.dir out"
-                )
-            return folder, folder.checkpoint_named(resume), False
-        if resume == "auto" and given is None:
-            for folder in resumable_runs(requested["runs_root"]):
-                try:
-                    saved = read_header(folder.checkpoint_to_resume())["settings"]
-                except CheckpointError:
-                    continue
-                if saved and matches(requested, saved, named):
-                    owner = folder.held_by()
-                    if owner and self.first:
-                        raise RunFolderError(
-                            f"resume=auto: the run with these settings, {folder.path}, is being trained by "
-                            f"{owner}; wait for it to end (or stop it), then run this again"
-                        )
-                    return folder, folder.checkpoint_to_resume().resolve(), False
-            return None, None, False
-        restarted = given is not None and not explicit and launcher_restarted()
-        if given is not None and (resume == "auto" or restarted):  # a folder of its own: continue it, if it can be
-            checkpoint = given.checkpoint_to_resume()
-            if checkpoint is not None:
-                if restarted and self.first:
-                    print(f"this job was restarted by its scheduler: continuing {given.path}", file=sys.stderr)
-                return given, checkpoint.resolve(), False
-        return given, None, restarted
+        """The run folder (None: a new one named by the time), the checkpoint it continues from (None: a
+        new run), and whether a scheduler restarts a job that stopped before its first checkpoint."""
+        return resume.choose(
+            requested, self.hydra.get("hydra.run.dir"), self.first, lambda want, saved: matches(want, saved, named)
+        )
 
     def new_run(self, folder: RunFolder | None, requested: dict, restarting: bool) -> list[str]:
         check(requested)
-        args = [a for a in self.args if a.lstrip("+").split("=")[0] not in ("resume", "hydra.run.dir")]
+        args = resume.without(self.args, "hydra.run.dir")
         if folder is not None:
             chosen_by = (
                 "hydra.run.dir" if self.hydra.get("hydra.run.dir") else f"run folder of this job ({folder.path.name})"
@@ -250,13 +217,9 @@ class Launch(SweepLaunch):
             folder.check_continuable()
         if self.first and self.claim_folders:
             claim(folder, new=False)
-        kept = [
-            a
-            for a in self.args
-            if a.lstrip("+").split("=")[0] not in ("resume", "hydra.run.dir", "hydra.output_subdir")
-        ]
+        kept = resume.without(self.args, "hydra.run.dir", "hydra.output_subdir")
         record = RunFolder.resume_record(datetime.now().strftime("%Y-%m-%d_%H-%M-%S"))
-        return [*kept, f"resume={checkpoint}", f"hydra.run.dir={folder.path}", f"hydra.output_subdir={record}"]
+        return [*kept, f"{resume.KEY}={checkpoint}", f"hydra.run.dir={folder.path}", f"hydra.output_subdir={record}"]
 
 
 def check_command_line(args: list[str]) -> str | None:

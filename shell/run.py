@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 import training.fit
 from data.writes import refused_write
+from shell import resume
 from shell.ctrl_c import block_for_children, unblock_ctrl_c
 from shell.errors import USER_ERRORS, ProcessLost, RunWriteError, TrackerError, TrainingDiverged
 from shell.flops import device_peak_flops, remember_rate
@@ -66,7 +67,7 @@ def train(
     main_process = rank_zero_only.rank == 0
     requested = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
     requested.pop("hydra", None)
-    checkpoint = resume_point(requested.get("resume"), folder)
+    checkpoint = resume.checkpoint_in(requested, folder)
     if checkpoint is not None and main_process:
         folder.check_continuable()
     taken = claim(folder, new=checkpoint is None) if main_process else None
@@ -146,15 +147,6 @@ def recorded_divergence(
         ended = RunResult(folder.path, None, None, finished=False)
         record(folder, settings, ended, overrides, error=str(diverged))
     return diverged
-
-
-def resume_point(resume: str | None, folder: RunFolder) -> Path | None:
-    """The checkpoint a run continues from; None for a new run (resume=auto with nothing to continue)."""
-    if not resume:
-        return None
-    if resume == "auto":
-        return folder.checkpoint_to_resume()
-    return folder.checkpoint_named(resume)
 
 
 def save_settings(folder: RunFolder, settings: RunSettings) -> None:

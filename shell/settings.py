@@ -26,6 +26,7 @@ from data.prepare import check_sizes, corpus_key, prepare_corpus, unknown_tokens
 from data.tokenizer import eot_id
 from generation.session import PromptError, encode_prompt
 from model import ConfigError, GPTConfig
+from shell import resume
 from shell.checks import (
     ABSENT,
     PATH_KEYS,
@@ -50,7 +51,7 @@ from training.fit import NOT_TRAINER_ARGUMENTS, RunSettings, choose_strategy, sa
 log = logging.getLogger(__name__)
 
 # Settings that say where runs live and which to continue, not what a run is.
-LAUNCH_KEYS = ("resume", "runs_root", "latest_link")
+LAUNCH_KEYS = (resume.KEY, "runs_root", "latest_link")
 
 # Settings a resumed run may change (a key, or every key under a prefix ending in "."): how long it
 # runs, how it checkpoints, validates, samples and reports, and the hardware it runs on (the global
@@ -548,7 +549,7 @@ def continue_values(
             put(values, key, want)
         elif differs(key, want, have):
             raise SettingError(contradiction(key, want, have, saved, requested, run, choices))
-    values["resume"] = requested.get("resume")
+    values[resume.KEY] = resume.asked(requested)
     if "latest_link" in named:  # else the link the run has always updated
         values["latest_link"] = requested.get("latest_link")
     if values.get("tokens_per_step") is not None:

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+from shell import resume
 from shell.command_line import CommandLineError, Composer, parse_overrides
 from shell.errors import USER_ERRORS
 from shell.run_folder import (
@@ -85,21 +86,21 @@ class SweepLaunch:
     def continued_or_requeued(self, composer: Composer) -> list[str] | None:
         """-m continuing a sweep, in any process of a launch: the one resume= names, or the one a launch
         its scheduler restarted had begun (continued_sweep's arguments); None for a new sweep."""
-        given = [o for o in self.user if "=" in o and o.lstrip("+").partition("=")[0] == "resume"]
+        given = [o for o in self.user if "=" in o and resume.is_resume(o)]
         swept = next((o for o in parse_overrides(given) if o.is_sweep_override()), None)
         if swept is not None:  # (read as the name of one sweep, it was not found, or the rest was refused)
             raise CommandLineError(
                 f"{swept.input_line}: resume= cannot be swept; with -m it names the one sweep to continue (python "
                 "train.py -m resume=multirun/DATE/TIME), and a run continues alone (python train.py resume=RUN)"
             )
-        resume = [o.partition("=")[2] for o in given]
-        if resume and resume[-1] in ("", "null"):  # an unset shell variable: not a new sweep of the defaults
+        named = resume.given(given)
+        if named and named[-1] in ("", "null"):  # an unset shell variable: not a new sweep of the defaults
             raise CommandLineError(
-                f"resume={resume[-1]} with -m names no sweep to continue: give its folder (python train.py -m "
+                f"resume={named[-1]} with -m names no sweep to continue: give its folder (python train.py -m "
                 "resume=multirun/DATE/TIME), or leave resume= out to start a new sweep"
             )
-        if resume:
-            return self.continued_sweep(composer, resume[-1])
+        if named:
+            return self.continued_sweep(composer, named[-1])
         requeued = self.requeued_sweep()
         return None if requeued is None else self.continued_sweep(composer, str(requeued), requeued=True)
 
@@ -187,7 +188,7 @@ class SweepLaunch:
         scheduler restarted the sweep's own command)."""
         if given == "auto":
             raise CommandLineError("resume=auto continues one run: run it without -m (python train.py resume=auto ...)")
-        others = [o for o in self.overrides if o.lstrip("+").partition("=")[0] != "resume"]
+        others = [o for o in self.overrides if not resume.is_resume(o)]
         if others and not requeued:
             raise CommandLineError(
                 f"-m resume={given} continues the sweep with its own command line; leave out {others[0]} (a "

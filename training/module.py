@@ -42,25 +42,16 @@ class GPTModule(L.LightningModule):
         super().__init__()
         self.automatic_optimization = False  # the step is written out in training_step
         config = GPTConfig.from_dict(model_config) if isinstance(model_config, dict) else model_config
-        # the tokenizer and the run's settings are in every checkpoint's description: not kept twice
-        self.save_hyperparameters(
-            {
-                "model_config": config.to_dict(),
-                "optim": dict(optim),
-                "max_steps": max_steps,
-                "val_tokens_per_char": val_tokens_per_char,
-                "max_time_seconds": max_time_seconds,
-                "accumulation": accumulation,
-                "gradient_clip_val": gradient_clip_val,
-                "gradient_clip_algorithm": gradient_clip_algorithm,
-            },
+        self.save_hyperparameters(  # plain values; the tokenizer and settings are in the description already
+            dict(model_config=config.to_dict(), optim=dict(optim), max_steps=max_steps, accumulation=accumulation,
+                 val_tokens_per_char=val_tokens_per_char, max_time_seconds=max_time_seconds,
+                 gradient_clip_val=gradient_clip_val, gradient_clip_algorithm=gradient_clip_algorithm),
             logger=False,
-        )
+        )  # fmt: skip
         self.model = GPT(config)
         self.optim, self.max_steps, self.max_time_seconds = dict(optim), max_steps, max_time_seconds
-        self.val_tokens_per_char = val_tokens_per_char
+        self.val_tokens_per_char, self.accumulation = val_tokens_per_char, accumulation
         self.tokenizer_json, self.run_config = tokenizer_json, run_config or {}
-        self.accumulation = accumulation
         self.clip_val, self.clip_algorithm = gradient_clip_val, gradient_clip_algorithm or "norm"
         self.nonfinite = NonFiniteSteps(int(self.optim["max_nonfinite_in_a_row"]))
         self.micro_batch = 0  # micro-batches of the optimizer step under way
@@ -208,6 +199,7 @@ class GPTModule(L.LightningModule):
         self.validated_step = self.trainer.global_step
         for logger in self.trainer.loggers:
             logger.log_metrics(self.latest_val_values, step=logged_step(self.trainer))
+            logger.save()
 
     def batches_behind(self) -> int:
         """How many fewer validation batches this process has than the one with the most (the windows do

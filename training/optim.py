@@ -10,8 +10,13 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-SCHEDULES = ("cosine", "linear", "constant")
-OPTIMIZERS = ("adamw", "muon")
+# How the learning rate decays after warmup: from 1 at the decay's start (progress 0) to 0 at its end
+# (progress 1); lr_factor lifts it to end at min_lr_ratio instead. The names are optim.schedule's choices.
+SCHEDULES: dict[str, Callable[[float], float]] = {
+    "cosine": lambda progress: 0.5 * (1.0 + math.cos(math.pi * progress)),
+    "linear": lambda progress: 1.0 - progress,
+    "constant": lambda progress: 1.0,
+}
 
 
 def lr_factor(step: int, warmup_steps: int, total_steps: int, min_lr_ratio: float, schedule: str = "cosine") -> float:
@@ -20,8 +25,6 @@ def lr_factor(step: int, warmup_steps: int, total_steps: int, min_lr_ratio: floa
     Linear warmup from ~0 to 1 over warmup_steps, then `schedule` from 1 down to min_lr_ratio at
     total_steps (and min_lr_ratio after it). total_steps <= 0 means unknown: the decay is skipped.
     """
-    if schedule not in SCHEDULES:
-        raise ValueError(f"optim.schedule must be one of {SCHEDULES}, got {schedule!r}")
     if step < warmup_steps:
         return (step + 1) / warmup_steps
     if total_steps <= 0:
@@ -31,13 +34,7 @@ def lr_factor(step: int, warmup_steps: int, total_steps: int, min_lr_ratio: floa
 
 def decay_factor(progress: float, min_lr_ratio: float, schedule: str = "cosine") -> float:
     """Multiplier after warmup, `progress` of the way (0 to 1) through the decay."""
-    progress = min(1.0, max(0.0, progress))
-    if schedule == "constant":
-        return 1.0
-    if schedule == "linear":
-        decay = 1.0 - progress
-    else:
-        decay = 0.5 * (1.0 + math.cos(math.pi * progress))
+    decay = SCHEDULES[schedule](min(1.0, max(0.0, progress)))
     return min_lr_ratio + (1.0 - min_lr_ratio) * decay
 
 
@@ -56,8 +53,6 @@ class TimeBudgetSchedule:
         schedule: str,
         elapsed: Callable[[], float] | None = None,
     ):
-        if schedule not in SCHEDULES:
-            raise ValueError(f"optim.schedule must be one of {SCHEDULES}, got {schedule!r}")
         self.seconds, self.warmup_steps, self.min_lr_ratio, self.schedule = (
             seconds,
             warmup_steps,
@@ -101,12 +96,7 @@ def make_adamw(model: nn.Module, lr: float, weight_decay: float, betas, eps: flo
 
 def make_optimizer(model: nn.Module, optim: dict) -> torch.optim.Optimizer:
     """The optimizer optim.name names (adamw when a run's settings predate the choice)."""
-    name = optim.get("name", "adamw")
-    if name == "muon":
-        return MuonAdamW(model, optim["lr"], optim["weight_decay"], optim["betas"], optim["momentum"])
-    if name != "adamw":
-        raise ValueError(f"optim.name must be one of {OPTIMIZERS}, got {name!r}")
-    return make_adamw(model, optim["lr"], optim["weight_decay"], optim["betas"])
+    return OPTIMIZERS[optim.get("name", "adamw")](model, optim)
 
 
 def block_matrices(model: nn.Module) -> list[nn.Parameter]:
@@ -273,3 +263,10 @@ class MuonAdamW(torch.optim.Optimizer):
             )
         self.muon.load_state_dict(state_dict["muon"])
         self.adamw.load_state_dict(state_dict["adamw"])
+
+
+# optim.name's choices: each makes its optimizer from the model and the optim settings
+OPTIMIZERS: dict[str, Callable[[nn.Module, dict], torch.optim.Optimizer]] = {
+    "adamw": lambda model, o: make_adamw(model, o["lr"], o["weight_decay"], o["betas"]),
+    "muon": lambda model, o: MuonAdamW(model, o["lr"], o["weight_decay"], o["betas"], o["momentum"]),
+}

@@ -25,6 +25,7 @@ Steps count from 1 (the step that makes global_step 1 is step 1).
 from __future__ import annotations
 
 import errno
+import functools
 import importlib.abc
 import importlib.util
 import os
@@ -124,6 +125,7 @@ def add_to_trainers(trainer_class) -> None:
     if getattr(original, "with_faults", False):
         return
 
+    @functools.wraps(original)  # (its signature is what the settings check trainer.* against)
     def __init__(self, *args, callbacks=None, **kwargs):
         early, late = fault_callbacks()
         callbacks = [callbacks] if callbacks is not None and not isinstance(callbacks, list) else callbacks or []
