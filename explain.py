@@ -338,7 +338,7 @@ def kv_cache_view(model: GPT, idx: torch.Tensor, layer: int, full_out: torch.Ten
         attn = model.transformer.h[layer].attn
         q, k, v = attn.c_attn(model.transformer.h[layer].ln_1(x)).split(attn.n_embd, dim=2)
         q, k, v = (t.view(1, 1, attn.n_head, -1).transpose(1, 2) for t in (q, k, v))  # (1, nh, 1, hs)
-        keys, values = attn.kv_cache.update(T - 1, k, v)  # (1, nh, S, hs): the cached positions and this one
+        keys, values, _ = attn.kv_cache.update(T - 1, k, v)  # (1, nh, S, hs): the cached positions and this one
         scores = q @ keys.transpose(-2, -1)  # (1, nh, 1, S), only for its shape: attend computes it again
         y = attn.attend(q, keys, values)  # one query, last of S: it may see every key, so no mask
         out = attn.resid_dropout(attn.c_proj(y.transpose(1, 2).contiguous().view(1, 1, attn.n_embd)))

@@ -22,6 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import common  # noqa: E402
+from generation import generate, stream  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from model.hf import hf_config_dict, to_hf_state_dict  # noqa: E402
 
@@ -51,7 +52,7 @@ def prompt(config: GPTConfig, seed: int = 1) -> torch.Tensor:
 def ours_generate(model: GPT, idx: torch.Tensor, n: int, use_cache: bool = True) -> tuple[torch.Tensor, float]:
     synchronize(idx)
     start = time.perf_counter()
-    out = model.generate(idx, n, temperature=0, use_cache=use_cache)
+    out = generate(model, idx, n, temperature=0, use_cache=use_cache)
     synchronize(idx)
     return out, time.perf_counter() - start
 
@@ -121,7 +122,7 @@ def bytes_per_token(model: GPT, context: float) -> float:
 def step_times(model: GPT, idx: torch.Tensor, n: int) -> list[float]:
     """Seconds of every decoding step (the first includes the prefill)."""
     times, last = [], time.perf_counter()
-    for _ in model.stream(idx, n, temperature=0):
+    for _ in stream(model, idx, n, temperature=0):
         now = time.perf_counter()
         times.append(now - last)
         last = now

@@ -1,62 +1,85 @@
 """The decoding loop: the prompt runs once (prefill), then one token per step against the KV cache.
 
-`stream` yields each step's tokens as they are sampled; `generate` collects them. `GPT.stream` and
-`GPT.generate` call these.
+Both are the same call, `GPT.last_logits(tokens the cache does not hold yet, start_pos=how many it
+holds)`, so decoding runs the model's own blocks. On a GPU each one-token step is a replay of that
+call recorded as a CUDA graph (`generation.step`). `stream` yields each step's tokens as they are
+sampled; `generate` collects them.
 """
 
 from __future__ import annotations
 
 import sys
-import warnings
-import weakref
 from collections.abc import Iterable, Iterator
 
 import torch
 
 from generation.sampling import Generators, check_sampling, sample
-from generation.step import CudaGraphStep, OneTokenStep
+from generation.step import graph_step, use_cuda_graph
 from model import GPT
 
-# One recorded CUDA graph per model, reused while its batch size, dtype and weights' memory stay the same.
-_graph_steps: weakref.WeakKeyDictionary[GPT, tuple[tuple, CudaGraphStep]] = weakref.WeakKeyDictionary()
+
+class Window:
+    """The tokens so far, (B, T + max_new_tokens) preallocated, and the window of them the model sees.
+
+    A prompt longer than block_size is seen through its last block_size tokens. Past block_size the
+    window slides in jumps: when it is full, it restarts from its last block_size // 2 tokens (one
+    prefill of those), because learned absolute positions do not let cached keys shift to new
+    positions. Without the cache, every step runs the same window from scratch, so both modes see
+    the same context at every step and greedy decoding gives the same tokens.
+    """
+
+    def __init__(self, model: GPT, idx: torch.Tensor, max_new_tokens: int, use_cache: bool):
+        self.model, self.use_cache = model, use_cache
+        self.block_size = model.config.block_size
+        self.tokens = torch.empty(idx.size(0), idx.size(1) + max_new_tokens, dtype=idx.dtype, device=idx.device)
+        self.tokens[:, : idx.size(1)] = idx
+        self.total = idx.size(1)  # tokens so far
+        self.start = max(0, self.total - self.block_size)  # first token of the window
+        self.cached = 0  # how many tokens of the window the cache holds; always 0 without one
+        self.graph = None
+        if use_cache and use_cuda_graph(model):
+            self.graph = graph_step(model, idx.size(0))
+        if use_cache and self.graph is None:
+            model.set_kv_cache(idx.size(0))
+
+    def next_logits(self) -> torch.Tensor:
+        """Logits (B, vocab) of the token after the last one."""
+        if self.total - self.start > self.block_size:
+            self.start, self.cached = self.total - max(1, self.block_size // 2), 0
+        new = self.tokens[:, self.start + self.cached : self.total]  # (B, T): what the cache does not hold yet
+        if self.graph is not None and new.size(1) == 1:
+            logits = self.graph(new, self.cached)
+        else:  # the prompt (prefill), the window after a slide, one token, or without a cache the window
+            logits = self.model.last_logits(new, start_pos=self.cached)
+        if self.use_cache:
+            self.cached = self.total - self.start
+        return logits
+
+    def append(self, token: torch.Tensor) -> None:
+        self.tokens[:, self.total] = token
+        self.total += 1
 
 
-def use_cuda_graph(model: GPT) -> bool:
-    weight = model.transformer.wte.weight
-    return weight.device.type == "cuda" and not model.training
+class StopTokens:
+    """Which rows have produced one of the stop tokens. A finished row repeats its stop token from then
+    on (its sampling generator still advances, which touches no other row)."""
 
+    def __init__(self, stop_tokens: Iterable[int] | None, idx: torch.Tensor):
+        self.stops = torch.tensor(sorted(set(stop_tokens or ())), dtype=torch.long, device=idx.device)
+        self.any = self.stops.numel() > 0
+        self.finished_with = torch.full((idx.size(0),), -1, dtype=torch.long, device=idx.device)  # -1: going on
 
-def graph_step(model: GPT, batch_size: int) -> CudaGraphStep | None:
-    """The model's recorded step for this batch size (recorded now if need be), its caches attached;
-    None where recording fails, with a warning (decoding then runs step by step)."""
-    params = tuple(p.data_ptr() for p in model.parameters())
-    key = (batch_size, model.transformer.wte.weight.dtype, params)
-    known = _graph_steps.get(model)
-    if known is not None and known[0] == key:
-        model.set_kv_cache(batch_size, caches=known[1].caches)
-        return known[1]
-    _graph_steps.pop(model, None)  # one graph per model: free the old one's caches first
-    try:
-        step = CudaGraphStep(model, model.new_kv_caches(batch_size))
-    except RuntimeError as err:
-        warnings.warn(f"CUDA graph recording failed ({err}); decoding without it", stacklevel=3)
-        return None
-    _graph_steps[model] = (key, step)
-    return step
+    def apply(self, next_token: torch.Tensor) -> torch.Tensor:
+        """next_token (B,), with each finished row's stop token in its place."""
+        if not self.any:
+            return next_token
+        done = self.finished_with >= 0
+        next_token = torch.where(done, self.finished_with, next_token)
+        self.finished_with = torch.where(~done & torch.isin(next_token, self.stops), next_token, self.finished_with)
+        return next_token
 
-
-def one_token_step(model: GPT, batch_size: int):
-    """The step that decodes one position with the caches it attaches to the model: a CUDA graph on a
-    GPU, the eager fast step elsewhere, and none in training mode (dropout: the model's own forward)."""
-    if model.training:
-        model.set_kv_cache(batch_size)
-        return None
-    if use_cuda_graph(model):
-        step = graph_step(model, batch_size)
-        if step is not None:
-            return step
-    model.set_kv_cache(batch_size)
-    return OneTokenStep(model)
+    def all_finished(self) -> bool:
+        return self.any and bool((self.finished_with >= 0).all())
 
 
 def stream(
@@ -70,63 +93,28 @@ def stream(
     generator: Generators = None,
     stop_tokens: Iterable[int] | None = None,
 ) -> Iterator[torch.Tensor]:
-    """Yield the next token of every row, (B,), at most max_new_tokens times.
-
-    With the cache, the prompt runs once (prefill), then one token per step; a prompt longer than
-    block_size is seen through its last block_size tokens. Past block_size the
-    window slides in jumps: when it is full, it restarts from its last block_size // 2 tokens
-    (one prefill of those), because learned absolute positions do not let cached keys shift to
-    new positions. Without the cache, every step runs the same window from scratch, so both
-    modes see the same context at every step and greedy decoding gives the same tokens.
-
-    A row that has produced one of `stop_tokens` is finished: from then on it repeats that token
-    (its sampling generator still advances, which touches no other row), and the stream ends
-    as soon as every row is finished. Tokens stay on the model's device; nothing waits for the
-    device except what reads them.
-
-    The yielded tensors are inference tensors (made under torch.inference_mode): read them, or
-    clone them outside inference mode before autograd sees them. `generate` returns a normal one.
-    """
+    """Yield the next token of every row, (B,), at most max_new_tokens times; the stream ends early
+    once every row has produced one of `stop_tokens`. What the model sees: `Window`. Tokens stay on
+    the model's device; nothing waits for the device except what reads them. They are inference
+    tensors (made under torch.inference_mode): read them, or clone them outside inference mode
+    before autograd sees them. `generate` returns a normal one."""
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
     if idx.dim() != 2 or idx.size(1) == 0:
         raise ValueError("idx must be a (batch, tokens) tensor holding at least one token")
     check_sampling(temperature, top_k, top_p)
-    stops = torch.tensor(sorted(set(stop_tokens or ())), dtype=torch.long, device=idx.device)
-    has_stops = stops.numel() > 0
-    finished_with = torch.full((idx.size(0),), -1, dtype=torch.long, device=idx.device)  # -1: still going
-    block_size = model.config.block_size
-    keep = max(1, block_size // 2)
+    stops = StopTokens(stop_tokens, idx)
     # Each stretch of work between two yields runs in inference mode (cheaper per operation than
     # no_grad, which counts for one token at a time); the caller's code between them does not.
     with torch.inference_mode():
-        tokens = torch.empty(idx.size(0), idx.size(1) + max_new_tokens, dtype=idx.dtype, device=idx.device)
-        tokens[:, : idx.size(1)] = idx
-        step = one_token_step(model, idx.size(0)) if use_cache else None
-    total = idx.size(1)  # tokens so far
-    window_start = max(0, total - block_size)  # first token of the current window: a long prompt's last block_size
-    cached = 0  # how many tokens of the window the cache holds
+        window = Window(model, idx, max_new_tokens, use_cache)
     try:
         for _ in range(max_new_tokens):
             with torch.inference_mode():
-                if total - window_start > block_size:
-                    window_start, cached = total - keep, 0
-                if step is not None and total - window_start - cached == 1:
-                    logits = step(tokens[:, total - 1], pos=cached)
-                elif use_cache:  # prefill: the prompt, or the window after a slide
-                    logits = model.last_logits(tokens[:, window_start + cached : total], start_pos=cached)
-                else:
-                    logits = model.last_logits(tokens[:, window_start:total])
-                cached = total - window_start
-                next_token = sample(logits, temperature, top_k, top_p, generator)
-                if has_stops:
-                    done = finished_with >= 0
-                    next_token = torch.where(done, finished_with, next_token)
-                    finished_with = torch.where(~done & torch.isin(next_token, stops), next_token, finished_with)
-                tokens[:, total] = next_token
-                total += 1
+                next_token = stops.apply(sample(window.next_logits(), temperature, top_k, top_p, generator))
+                window.append(next_token)
             yield next_token
-            if has_stops and bool((finished_with >= 0).all()):
+            if stops.all_finished():
                 break
     finally:
         # A stream left unfinished until the interpreter exits is closed while torch's modules are being

@@ -1,145 +1,48 @@
-"""One decoding step: the GPT forward pass for a single new position per row, against the KV cache.
+"""Decoding on a GPU: the model's own one-token forward, recorded once as a CUDA graph and replayed.
 
-It is `Block.forward` for T = 1 (tested equal), written for speed. At one token a step a small model's
-matrices are tiny and the cost is in calls, not arithmetic: module calls, attribute lookups, transposes
-into heads and back. So each layer's weights are gathered once per generation, the layers run as
-functions on (B, C) rows (for one position the heads of attention's output are already side by side),
-and each position's keys and values go into the cache with one copy (`KVCache.append`).
-
-A large model on a CPU is the opposite case: each step reads every weight from memory once, so its
-speed is that of the matrix-vector products. For those the linear layers run from oneDNN-packed
-copies of their weights, which it reads about 1.6x faster than the plain layout.
-
-On a GPU the cost is kernel launches (some 150 per token for GPT-2 small). `StaticStep` keeps the token
-and the position in tensors, so every step has the same shapes and addresses, and `CudaGraphStep`
-records one step as a CUDA graph that each later token replays with a single launch.
+At one token a step the GPU's cost is kernel launches (some 150 per token for GPT-2 small), not
+arithmetic. A CUDA graph replays all of them with one launch, but only with the same shapes and the
+same memory every time. So `StaticStep` keeps the token and the position in fixed tensors, and passes
+the position to `GPT.last_logits` as a 0-d tensor: the KV cache then writes at that position and the
+attention reads the whole cache under a mask of the filled positions (`KVCache.update`).
+`CudaGraphStep` records that call; each later token is one replay.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+import warnings
+import weakref
 
 import torch
-import torch.nn.functional as F
-from torch import nn
 
-if TYPE_CHECKING:
-    from model.cache import KVCache
-    from model.gpt import GPT, CausalSelfAttention
-
-PACK_ABOVE_BYTES = 64 * 2**20  # weights this large stream from memory every step: worth packing
-
-
-def pack_weights(model: nn.Module) -> bool:
-    """Whether packed weights will speed up decoding this model: float32 on a CPU with oneDNN, and
-    too large to stay in the CPU's caches between steps."""
-    weight = model.transformer.wte.weight
-    return (
-        weight.device.type == "cpu"
-        and weight.dtype == torch.float32
-        and torch.backends.mkldnn.is_available()
-        and sum(p.numel() * p.element_size() for p in model.parameters()) > PACK_ABOVE_BYTES
-    )
-
-
-def linear_fn(layer: nn.Linear, packed: bool):
-    """A function x -> layer(x): from packed weights, or F.linear on the layer's own tensors."""
-    if packed:
-        from torch.utils import mkldnn
-
-        return mkldnn.to_mkldnn(layer)
-    weight, bias = layer.weight, layer.bias
-    return lambda x: F.linear(x, weight, bias)
-
-
-def layer_norm_fn(norm: nn.LayerNorm):
-    shape, weight, bias, eps = norm.normalized_shape, norm.weight, norm.bias, norm.eps
-    return lambda x: F.layer_norm(x, shape, weight, bias, eps)
-
-
-class Layer(NamedTuple):
-    """One block's parts as functions on (B, C) rows, named as in `Block`."""
-
-    ln_1: object
-    c_attn: object
-    attn: CausalSelfAttention  # its `attend` is the attention the block computes
-    attn_c_proj: object
-    cache: KVCache
-    ln_2: object
-    c_fc: object
-    mlp_c_proj: object
-
-
-class OneTokenStep:
-    """step(token (B,), pos) -> logits (B, vocab), with positions 0..pos-1 already in the caches.
-
-    `pos` is an int, or a 0-d tensor (see `KVCache.append`). Built per generation with the caches the
-    model's layers hold: it holds the model's current weights, so it must not outlive a change to
-    them. Inference only: there is no dropout.
-    """
-
-    def __init__(self, model: GPT):
-        packed = pack_weights(model)
-        t = model.transformer
-        self.wte, self.wpe = t.wte.weight, t.wpe.weight
-        self.ln_f = layer_norm_fn(t.ln_f)
-        self.lm_head = linear_fn(model.lm_head, packed) if packed else model.lm_head  # the module: hooks see it
-        self.n_head = model.config.n_head
-        self.layers = [
-            Layer(
-                ln_1=layer_norm_fn(block.ln_1),
-                c_attn=linear_fn(block.attn.c_attn, packed),
-                attn=block.attn,
-                attn_c_proj=linear_fn(block.attn.c_proj, packed),
-                cache=block.attn.kv_cache,
-                ln_2=layer_norm_fn(block.ln_2),
-                c_fc=linear_fn(block.mlp.c_fc, packed),
-                mlp_c_proj=linear_fn(block.mlp.c_proj, packed),
-            )
-            for block in t.h
-        ]
-
-    def __call__(self, token: torch.Tensor, pos: int | torch.Tensor) -> torch.Tensor:
-        position = self.wpe[pos] if isinstance(pos, int) else self.wpe.index_select(0, pos.view(1))
-        x = self.wte[token] + position  # (B, C)
-        for layer in self.layers:  # Block.forward: x + attn(ln_1(x)), then x + mlp(ln_2(x))
-            x = x + self.attention(layer, layer.ln_1(x), pos)
-            x = x + layer.mlp_c_proj(F.gelu(layer.c_fc(layer.ln_2(x)), approximate="tanh"))
-        return self.lm_head(self.ln_f(x))
-
-    def attention(self, layer: Layer, x: torch.Tensor, pos: int | torch.Tensor) -> torch.Tensor:
-        """CausalSelfAttention.forward for one position: (B, C) -> (B, C)."""
-        B, C = x.shape
-        qkv = layer.c_attn(x).view(B, 3, self.n_head, C // self.n_head)  # [q | k | v], each by head
-        keys, values, mask = layer.cache.append(pos, qkv[:, 1:])  # this position's k and v: one copy
-        y = layer.attn.attend(qkv[:, 0].unsqueeze(2), keys, values, mask)  # (B, nh, 1, hs)
-        return layer.attn_c_proj(y.view(B, C))  # for one position the heads are already side by side
+from model import GPT
+from model.cache import KVCache
 
 
 class StaticStep:
-    """The one-token step with its inputs in fixed tensors: step(token (B,), pos: int) -> logits.
+    """step(idx (B, 1), pos: int) -> logits (B, vocab): `GPT.last_logits(idx, pos)` with positions
+    0..pos-1 in `caches`.
 
-    The token and the position are copied into buffers that live as long as the step, and the
-    attention reads the whole cache under a mask, so every call runs the same operations on the same
-    memory. On a CPU that is only slower than `OneTokenStep`; it exists to be recorded as a CUDA graph.
-    """
+    The model's own forward on fixed buffers; on a CPU it is only slower than `GPT.last_logits` with
+    an int position, and it exists to be recorded as a CUDA graph (the tests run it as it is)."""
 
     def __init__(self, model: GPT, caches: list[KVCache]):
-        self.caches = caches
+        self.model, self.caches = model, caches
         device = model.transformer.wte.weight.device
-        self.token = torch.zeros(caches[0].kv.size(0), dtype=torch.long, device=device)
+        self.token = torch.zeros(caches[0].k.size(0), 1, dtype=torch.long, device=device)  # (B, 1)
         self.pos = torch.zeros((), dtype=torch.long, device=device)
-        model.set_kv_cache(0, caches=caches)
-        self.step = OneTokenStep(model)
+
+    def forward(self) -> torch.Tensor:
+        return self.model.last_logits(self.token, start_pos=self.pos)
 
     def run(self) -> torch.Tensor:
-        return self.step(self.token, self.pos)
+        return self.forward()
 
-    def __call__(self, token: torch.Tensor, pos: int) -> torch.Tensor:
-        self.token.copy_(token)
+    def __call__(self, idx: torch.Tensor, pos: int) -> torch.Tensor:
+        self.token.copy_(idx)
         self.pos.fill_(pos)
-        for cache in self.caches:
-            cache.mark_filled(pos + 1)
+        for cache in self.caches:  # what the write at a tensor position leaves to the caller
+            cache.length = pos + 1
         return self.run()
 
 
@@ -157,12 +60,40 @@ class CudaGraphStep(StaticStep):
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(3):
-                self.step(self.token, self.pos)
+                self.forward()
         torch.cuda.current_stream().wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
-            self.logits = self.step(self.token, self.pos)
+            self.logits = self.forward()
 
     def run(self) -> torch.Tensor:
         self.graph.replay()
         return self.logits
+
+
+# One recorded graph per model, reused while its batch size, dtype and weights' memory stay the same.
+_graph_steps: weakref.WeakKeyDictionary[GPT, tuple[tuple, CudaGraphStep]] = weakref.WeakKeyDictionary()
+
+
+def use_cuda_graph(model: GPT) -> bool:
+    return model.transformer.wte.weight.device.type == "cuda" and not model.training
+
+
+def graph_step(model: GPT, batch_size: int) -> CudaGraphStep | None:
+    """The model's recorded step for this batch size (recorded now if need be), its caches attached;
+    None where recording fails, with a warning (decoding then runs the model eagerly)."""
+    params = tuple(p.data_ptr() for p in model.parameters())
+    key = (batch_size, model.transformer.wte.weight.dtype, params)
+    known = _graph_steps.get(model)
+    if known is not None and known[0] == key:
+        model.set_kv_cache(batch_size, caches=known[1].caches)
+        return known[1]
+    _graph_steps.pop(model, None)  # one graph per model: free the old one's caches first
+    try:
+        step = CudaGraphStep(model, model.set_kv_cache(batch_size))
+    except RuntimeError as err:
+        model.clear_kv_cache()
+        warnings.warn(f"CUDA graph recording failed ({err}); decoding without it", stacklevel=3)
+        return None
+    _graph_steps[model] = (key, step)
+    return step

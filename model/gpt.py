@@ -8,15 +8,10 @@ linear weights transposed; `model.hf` handles that).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-if TYPE_CHECKING:
-    from generation.sampling import Generators
 
 from model.cache import KVCache
 from model.config import GPTConfig
@@ -41,18 +36,18 @@ class CausalSelfAttention(nn.Module):
         self.resid_dropout = nn.Dropout(config.dropout)
         self.kv_cache: KVCache | None = None  # only set while generating
 
-    def forward(self, x: torch.Tensor, start_pos: int = 0, weights: list | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, start_pos: int | torch.Tensor = 0, weights: list | None = None) -> torch.Tensor:
         """x (B, T, C), whose first position is start_pos, -> (B, T, C). `weights`: a list that the
-        attention weights (B, nh, T, S) are appended to."""
+        attention weights (B, nh, T, S) are appended to. start_pos may be a 0-d tensor while a KV cache
+        is set (see `KVCache.update`)."""
         B, T, C = x.size()
-        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
-        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
-        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
-        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        qkv = self.c_attn(x).view(B, T, 3, self.n_head, C // self.n_head)  # [q | k | v], each cut into heads
+        q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each (B, nh, T, hs)
+        mask = None
         if self.kv_cache is not None:
-            k, v = self.kv_cache.update(start_pos, k, v)  # (B, nh, S, hs), S = start_pos + T
-        y = self.attend(q, k, v, weights=weights)  # (B, nh, T, hs)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)  # heads side by side again
+            k, v, mask = self.kv_cache.update(start_pos, k, v)  # (B, nh, S, hs): every position so far
+        y = self.attend(q, k, v, mask, weights)  # (B, nh, T, hs)
+        y = y.transpose(1, 2).reshape(B, T, C)  # heads side by side again
         return self.resid_dropout(self.c_proj(y))
 
     def attend(self, q, k, v, mask: torch.Tensor | None = None, weights: list | None = None) -> torch.Tensor:
@@ -102,7 +97,9 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor, start_pos: int = 0, attention: list | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, start_pos: int | torch.Tensor = 0, attention: list | None = None
+    ) -> torch.Tensor:
         x = x + self.attn(self.ln_1(x), start_pos, attention)
         return x + self.mlp(self.ln_2(x))
 
@@ -158,23 +155,26 @@ class GPT(nn.Module):
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
         return logits, loss
 
-    def trunk(self, idx: torch.Tensor, start_pos: int = 0, attention: list | None = None) -> torch.Tensor:
+    def trunk(
+        self, idx: torch.Tensor, start_pos: int | torch.Tensor = 0, attention: list | None = None
+    ) -> torch.Tensor:
         """Embed idx, whose first token sits at position start_pos, and run every block: (B, T, C).
         `attention`: a list that each layer appends its attention weights (B, nh, T, S) to."""
         T = idx.size(1)
-        if start_pos + T > self.config.block_size:
+        if isinstance(start_pos, int) and start_pos + T > self.config.block_size:  # a tensor is not read: no wait
             raise ValueError(
                 f"sequence of {start_pos + T} tokens is longer than the model's block_size "
                 f"({self.config.block_size}); crop it to the last {self.config.block_size} tokens"
             )
-        pos = torch.arange(start_pos, start_pos + T, device=idx.device)
+        pos = torch.arange(T, device=idx.device) + start_pos  # (T,)
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
         for block in self.transformer.h:
             x = block(x, start_pos, attention)
         return x
 
-    def last_logits(self, idx: torch.Tensor, start_pos: int = 0) -> torch.Tensor:
-        """Logits (B, vocab) of the last position only; lm_head never sees the others."""
+    def last_logits(self, idx: torch.Tensor, start_pos: int | torch.Tensor = 0) -> torch.Tensor:
+        """Logits (B, vocab) of the last position only; lm_head never sees the others. With KV caches
+        set, idx (B, T) continues the positions they hold: the prompt (prefill), then one token a step."""
         x = self.trunk(idx, start_pos)[:, -1, :]
         return self.lm_head(self.transformer.ln_f(x))
 
@@ -187,20 +187,20 @@ class GPT(nn.Module):
 
     # ---- generation ------------------------------------------------------------------------------
 
-    def new_kv_caches(self, batch_size: int, device=None, dtype=None) -> list[KVCache]:
-        """An empty cache of block_size positions for every layer (not attached)."""
-        weight = self.transformer.wte.weight
-        c = self.config
-        return [
-            KVCache(batch_size, c.n_head, c.block_size, c.head_size, device or weight.device, dtype or weight.dtype)
-            for _ in range(c.n_layer)
-        ]
-
-    def set_kv_cache(self, batch_size: int, device=None, dtype=None, caches: list[KVCache] | None = None) -> None:
-        """Give every attention layer a cache: `caches` (one per layer), else new empty ones."""
-        caches = caches if caches is not None else self.new_kv_caches(batch_size, device, dtype)
+    def set_kv_cache(
+        self, batch_size: int, device=None, dtype=None, caches: list[KVCache] | None = None
+    ) -> list[KVCache]:
+        """Give every attention layer a KV cache of block_size positions, new and empty, or `caches`
+        (one per layer, as an earlier call returned them), and return them."""
+        if caches is None:
+            weight, c = self.transformer.wte.weight, self.config
+            device, dtype = device or weight.device, dtype or weight.dtype
+            caches = [
+                KVCache(batch_size, c.n_head, c.block_size, c.head_size, device, dtype) for _ in self.transformer.h
+            ]
         for block, cache in zip(self.transformer.h, caches, strict=True):
             block.attn.kv_cache = cache
+        return caches
 
     def clear_kv_cache(self) -> None:
         for block in self.transformer.h:
@@ -210,46 +210,3 @@ class GPT(nn.Module):
         """Positions the KV cache holds now (0 when there is no cache)."""
         cache = self.transformer.h[0].attn.kv_cache
         return 0 if cache is None else cache.length
-
-    # ---- kept for the documented API: decoding and loading live in the generation package ----------
-
-    def stream(
-        self,
-        idx: torch.Tensor,
-        max_new_tokens: int,
-        temperature: float = 1.0,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        use_cache: bool = True,
-        generator: Generators = None,
-        stop_tokens: Iterable[int] | None = None,
-    ) -> Iterator[torch.Tensor]:
-        """Yield the next token of every row, (B,), at most max_new_tokens times: `generation.decode.stream`."""
-        from generation.decode import stream
-
-        return stream(self, idx, max_new_tokens, temperature, top_k, top_p, use_cache, generator, stop_tokens)
-
-    def generate(
-        self,
-        idx: torch.Tensor,
-        max_new_tokens: int,
-        temperature: float = 1.0,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        use_cache: bool = True,
-        generator: Generators = None,
-        stop_tokens: Iterable[int] | None = None,
-    ) -> torch.Tensor:
-        """idx (B, T) with the sampled tokens appended: `generation.decode.generate`."""
-        from generation.decode import generate
-
-        return generate(self, idx, max_new_tokens, temperature, top_k, top_p, use_cache, generator, stop_tokens)
-
-    @classmethod
-    def from_checkpoint(cls, path, map_location="cpu") -> GPT:
-        """A model in eval mode from a `.ckpt` file, a run folder, or a Hugging Face GPT-2 folder
-        (config.json + model.safetensors or pytorch_model.bin, e.g. one written by export.py):
-        `checkpoint.load_checkpoint`."""
-        from checkpoint import load_checkpoint
-
-        return load_checkpoint(path, map_location=map_location).model

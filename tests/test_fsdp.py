@@ -11,6 +11,7 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 
 import generate
+from checkpoint import load_checkpoint
 from model import GPT
 from shell.checks import SettingError
 from shell.settings import check
@@ -116,7 +117,7 @@ def test_fsdp_on_two_processes_killed_and_resumed_matches_one_process(small_text
 
     idx = torch.arange(16).view(1, 16)
     torch.testing.assert_close(
-        GPT.from_checkpoint(fsdp)(idx)[0], GPT.from_checkpoint(single)(idx)[0], rtol=1e-4, atol=1e-4
+        load_checkpoint(fsdp).model(idx)[0], load_checkpoint(single).model(idx)[0], rtol=1e-4, atol=1e-4
     )
     assert generate.main(["--ckpt", str(fsdp), "--prompt", "ROMEO:", "--max-new-tokens", "8"]) == 0
     assert capsys.readouterr().out.startswith("ROMEO:")

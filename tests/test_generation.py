@@ -14,6 +14,8 @@ import torch
 from matplotlib.image import imread
 
 import generate
+from generation import generate as generate_tokens
+from generation import stream
 from generation.attention_plot import save_attention_png
 from generation.text import StopStrings, TextStream
 from tests.common import ROOT, run_in_terminal
@@ -39,11 +41,11 @@ def samples_of(batch_output: str) -> list[str]:
 def test_batched_rows_equal_single_runs_with_the_same_seeds(tiny_gpt):
     idx = torch.tensor([[5, 9, 14, 20]])
     settings = dict(temperature=0.9, top_k=40, top_p=0.95)
-    batch = tiny_gpt.generate(
-        idx.repeat(4, 1), 50, generator=[torch.Generator().manual_seed(7 + i) for i in range(4)], **settings
+    batch = generate_tokens(
+        tiny_gpt, idx.repeat(4, 1), 50, generator=[torch.Generator().manual_seed(7 + i) for i in range(4)], **settings
     )
     for i in range(4):
-        single = tiny_gpt.generate(idx, 50, generator=[torch.Generator().manual_seed(7 + i)], **settings)
+        single = generate_tokens(tiny_gpt, idx, 50, generator=[torch.Generator().manual_seed(7 + i)], **settings)
         assert torch.equal(batch[i], single[0])
     assert len({tuple(row.tolist()) for row in batch}) == 4  # different seeds, different samples
 
@@ -54,7 +56,7 @@ def test_num_samples_run_as_one_batch_through_one_cache(tiny_run, tiny_gpt, caps
     monkeypatch.setattr(
         type(tiny_gpt),
         "set_kv_cache",
-        lambda self, b, *a, **k: (batch_sizes.append(b), real_set_kv_cache(self, b, *a, **k)),
+        lambda self, b, *a, **k: (batch_sizes.append(b), real_set_kv_cache(self, b, *a, **k))[1],
     )
     code, out, _ = cli(
         capsys, "--ckpt", tiny_run, "--prompt", "ROMEO:", "--num-samples", 3, "--seed", 5, "--max-new-tokens", 40
@@ -91,14 +93,14 @@ def test_sampling_options_change_the_text_and_the_seed_repeats_it(tiny_run, caps
 
 def test_stop_tokens_end_each_row_and_the_stream(tiny_gpt):
     idx = torch.tensor([[5, 9, 14, 20]])
-    free = tiny_gpt.generate(idx, 20, temperature=0)[0, 4:].tolist()
+    free = generate_tokens(tiny_gpt, idx, 20, temperature=0)[0, 4:].tolist()
     stop = free[6]
     first = free.index(stop)
-    out = tiny_gpt.generate(idx, 20, temperature=0, stop_tokens=[stop])
+    out = generate_tokens(tiny_gpt, idx, 20, temperature=0, stop_tokens=[stop])
     assert out[0, 4:].tolist() == free[: first + 1]  # ends right after the stop token
 
     gens = [torch.Generator().manual_seed(i) for i in range(3)]
-    rows = tiny_gpt.generate(idx.repeat(3, 1), 60, temperature=1.0, generator=gens, stop_tokens=[stop, free[2]])
+    rows = generate_tokens(tiny_gpt, idx.repeat(3, 1), 60, temperature=1.0, generator=gens, stop_tokens=[stop, free[2]])
     for row in rows[:, 4:].tolist():
         hits = [i for i, t in enumerate(row) if t in (stop, free[2])]
         if hits:  # after its stop token a finished row only repeats it
@@ -106,7 +108,7 @@ def test_stop_tokens_end_each_row_and_the_stream(tiny_gpt):
 
 
 def test_a_stream_runs_its_steps_in_inference_mode_and_leaves_the_callers_code_out_of_it(tiny_gpt):
-    tokens = tiny_gpt.stream(torch.tensor([[5, 9]]), 3, temperature=0)
+    tokens = stream(tiny_gpt, torch.tensor([[5, 9]]), 3, temperature=0)
     for token in tokens:
         assert token.is_inference()
         assert not torch.is_inference_mode_enabled()  # between two steps, the caller's own code runs
@@ -119,7 +121,8 @@ def test_a_stream_left_unfinished_until_the_program_ends_says_nothing_at_exit(tm
         "import torch\n"
         "from model import GPT, GPTConfig\n"
         "gpt = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=50)).eval()\n"
-        "tokens = gpt.stream(torch.zeros(1, 1, dtype=torch.long), 10)\n"
+        "from generation import stream\n"
+        "tokens = stream(gpt, torch.zeros(1, 1, dtype=torch.long), 10)\n"
         "print(next(tokens).shape)\n"
     )
     proc = subprocess.run(
@@ -195,12 +198,12 @@ def test_generation_goes_on_past_the_context_window(tiny_gpt):
     block = tiny_gpt.config.block_size
     idx = torch.tensor([[5, 9, 14, 20]])
     lengths = []
-    for _ in tiny_gpt.stream(idx, 3 * block, temperature=1.0, generator=torch.Generator().manual_seed(0)):
+    for _ in stream(tiny_gpt, idx, 3 * block, temperature=1.0, generator=torch.Generator().manual_seed(0)):
         lengths.append(tiny_gpt.cache_length())
     assert len(lengths) == 3 * block
     assert max(lengths) == block and min(lengths[block:]) == block // 2  # full, then restarted from half
-    cached = tiny_gpt.generate(idx, 3 * block, temperature=0)
-    assert torch.equal(cached, tiny_gpt.generate(idx, 3 * block, temperature=0, use_cache=False))
+    cached = generate_tokens(tiny_gpt, idx, 3 * block, temperature=0)
+    assert torch.equal(cached, generate_tokens(tiny_gpt, idx, 3 * block, temperature=0, use_cache=False))
 
 
 def test_a_prompt_longer_than_the_context_is_seen_through_its_last_block_size_tokens(tiny_gpt):
@@ -211,11 +214,11 @@ def test_a_prompt_longer_than_the_context_is_seen_through_its_last_block_size_to
     with torch.no_grad():
         expected = tiny_gpt.last_logits(idx[:, -block:]).argmax(-1)
     for use_cache in (True, False):
-        first = next(tiny_gpt.stream(idx, 1, temperature=0, use_cache=use_cache))
+        first = next(stream(tiny_gpt, idx, 1, temperature=0, use_cache=use_cache))
         assert torch.equal(first, expected)
-    assert tiny_gpt.generate(idx, 2, temperature=0).shape == (1, 3 * block + 7)
-    cached = tiny_gpt.generate(idx, 2 * block, temperature=0)
-    assert torch.equal(cached, tiny_gpt.generate(idx, 2 * block, temperature=0, use_cache=False))
+    assert generate_tokens(tiny_gpt, idx, 2, temperature=0).shape == (1, 3 * block + 7)
+    cached = generate_tokens(tiny_gpt, idx, 2 * block, temperature=0)
+    assert torch.equal(cached, generate_tokens(tiny_gpt, idx, 2 * block, temperature=0, use_cache=False))
 
 
 def test_generate_py_says_how_much_of_a_long_prompt_the_context_holds(tiny_run, capsys):

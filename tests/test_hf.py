@@ -17,6 +17,7 @@ from tokenizers import Tokenizer
 import export
 import generate
 from checkpoint import META_KEY, CheckpointError, load_checkpoint
+from generation import generate as generate_tokens
 from model import GPT
 from model.hf import from_hf_state_dict
 from tests.common import TINY_OVERRIDES, one_error_line, run_script, script_command, script_environment
@@ -149,8 +150,8 @@ def test_a_model_without_biases_exports_with_zero_biases(tiny_tokenizer, tiny_te
 # ---- folders written by transformers -------------------------------------------------------------------
 
 
-def test_from_checkpoint_reads_a_folder_saved_by_transformers(transformers_folder, tiny_gpt, tiny_tokenizer, tiny_text):
-    gpt = GPT.from_checkpoint(transformers_folder)
+def test_load_checkpoint_reads_a_folder_saved_by_transformers(transformers_folder, tiny_gpt, tiny_tokenizer, tiny_text):
+    gpt = load_checkpoint(transformers_folder).model
     assert not gpt.training and gpt.config.n_layer == 2 and gpt.config.block_size == 32
     hf = transformers.GPT2LMHeadModel.from_pretrained(transformers_folder).eval()
     idx = shakespeare_ids(tiny_tokenizer, tiny_text, 32)
@@ -160,7 +161,7 @@ def test_from_checkpoint_reads_a_folder_saved_by_transformers(transformers_folde
 
 
 def test_greedy_generation_equals_transformers_generate(transformers_folder, tiny_tokenizer, capsys):
-    gpt = GPT.from_checkpoint(transformers_folder)
+    gpt = load_checkpoint(transformers_folder).model
     hf = transformers.GPT2LMHeadModel.from_pretrained(transformers_folder).eval()
     hf_tokenizer = transformers.AutoTokenizer.from_pretrained(transformers_folder)
     eot = tiny_tokenizer.token_to_id(EOT)
@@ -168,7 +169,7 @@ def test_greedy_generation_equals_transformers_generate(transformers_folder, tin
     for prompt in ("ROMEO:", "First Citizen:\nWe are", "KING HENRY"):
         idx = torch.tensor([hf_tokenizer(prompt)["input_ids"]])
         new = gpt.config.block_size - idx.size(1)  # transformers stops at the context length
-        ours = gpt.generate(idx, new, temperature=0, stop_tokens=[eot])
+        ours = generate_tokens(gpt, idx, new, temperature=0, stop_tokens=[eot])
         with torch.no_grad():
             theirs = hf.generate(idx, max_new_tokens=new, do_sample=False, pad_token_id=eot)
         assert ours.tolist() == theirs.tolist(), prompt
@@ -288,7 +289,7 @@ def test_a_checkpoint_carrying_a_pickle_payload_is_refused_and_the_payload_never
     for path in (evil, legacy):
         # the payload is named as the pickle names it: io.open, or _io.open with other Python and torch versions
         with pytest.raises(CheckpointError, match=r"refused to load .*\((\w+\.)*open\)"):
-            GPT.from_checkpoint(path)
+            load_checkpoint(path)
         assert generate.main(["--ckpt", str(path), "--prompt", "ROMEO:"]) == 1
         assert "refused to load" in capsys.readouterr().err
         assert export.main(["--ckpt", str(path), "--out", str(tmp_path / "out")]) == 1
@@ -300,7 +301,7 @@ def test_a_checkpoint_carrying_a_pickle_payload_is_refused_and_the_payload_never
     )
     torch.save({"wte.weight": torch.zeros(8, 4), "extra": Payload(marker)}, hf_folder / "pytorch_model.bin")
     with pytest.raises(CheckpointError, match="refused to load"):
-        GPT.from_checkpoint(hf_folder)
+        load_checkpoint(hf_folder)
     assert not marker.exists() and not (tmp_path / "out").exists()
 
     # the same file loaded the unsafe way does run it: the test above could have failed

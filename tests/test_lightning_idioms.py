@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from checkpoint import META_KEY
+from checkpoint import META_KEY, load_checkpoint
 from model import GPT, GPTConfig
 from shell.run import train
 from shell.run_folder import RunFolder
@@ -46,7 +46,7 @@ def logits(model: GPT) -> torch.Tensor:
 
 def test_load_from_checkpoint_rebuilds_the_module_that_wrote_it(trained):
     module = GPTModule.load_from_checkpoint(trained)
-    assert torch.equal(logits(module.model), logits(GPT.from_checkpoint(trained)))
+    assert torch.equal(logits(module.model), logits(load_checkpoint(trained).model))
     meta = torch.load(trained, weights_only=True)[META_KEY]
     assert module.tokenizer_json == meta["tokenizer"] == RunFolder(trained.parent.parent).tokenizer_file.read_text()
     assert module.run_config == meta["config"]
@@ -66,8 +66,8 @@ def test_a_checkpoint_written_before_the_hyperparameters_loads_from_its_descript
     old = tmp_path / "run" / "checkpoints" / "last.ckpt"
     old.parent.mkdir(parents=True)
     torch.save(ckpt, old)
-    module = GPTModule.load_from_checkpoint(old.parent.parent)  # a run folder, as GPT.from_checkpoint takes
-    assert torch.equal(logits(module.model), logits(GPT.from_checkpoint(trained)))
+    module = GPTModule.load_from_checkpoint(old.parent.parent)  # a run folder, as load_checkpoint takes
+    assert torch.equal(logits(module.model), logits(load_checkpoint(trained).model))
     assert module.max_steps == 6 and module.tokenizer_json == ckpt[META_KEY]["tokenizer"]
     assert math.isnan(module.val_tokens_per_char)  # not recorded then
     assert GPTModule.load_from_checkpoint(old, val_tokens_per_char=0.5).val_tokens_per_char == 0.5

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import ast
 import math
 
 import pytest
 import torch
 from torch import nn
 
-from generation.step import OneTokenStep, StaticStep
+from generation import generate
+from generation.step import StaticStep
 from model import GPT, ConfigError, GPTConfig
 from model.gpt import CausalSelfAttention
 from model.hf import from_hf_state_dict, hf_config_dict
@@ -159,8 +161,8 @@ def test_logits_equal_transformers_gpt2():
 def test_cached_greedy_equals_uncached_greedy_within_block_size():
     gpt = untrained_gpt()
     idx = torch.randint(0, TINY_VOCAB, (3, 4))
-    cached = gpt.generate(idx, 12, temperature=0, use_cache=True)
-    uncached = gpt.generate(idx, 12, temperature=0, use_cache=False)
+    cached = generate(gpt, idx, 12, temperature=0, use_cache=True)
+    uncached = generate(gpt, idx, 12, temperature=0, use_cache=False)
     assert cached.shape == (3, 16)
     assert torch.equal(cached[:, :4], idx)
     assert torch.equal(cached, uncached)
@@ -170,8 +172,8 @@ def test_generation_slides_past_block_size_and_both_paths_agree():
     gpt = untrained_gpt()
     idx = torch.randint(0, TINY_VOCAB, (2, 5))
     new = 2 * gpt.config.block_size  # the window slides more than once
-    cached = gpt.generate(idx, new, temperature=0, use_cache=True)
-    uncached = gpt.generate(idx, new, temperature=0, use_cache=False)
+    cached = generate(gpt, idx, new, temperature=0, use_cache=True)
+    uncached = generate(gpt, idx, new, temperature=0, use_cache=False)
     assert cached.shape == (2, 5 + new)
     assert torch.equal(cached, uncached)
 
@@ -181,41 +183,35 @@ def test_lm_head_only_sees_the_last_position_while_generating():
     seen = []
     gpt.lm_head.register_forward_hook(lambda module, inputs, output: seen.append(tuple(inputs[0].shape)))
     new = 2 * gpt.config.block_size  # past the window: the prompt is filled in again as it slides
-    gpt.generate(torch.randint(0, TINY_VOCAB, (2, 6)), new, temperature=1.0)
+    generate(gpt, torch.randint(0, TINY_VOCAB, (2, 6)), new, temperature=1.0)
     assert len(seen) == new
     assert all(shape == (2, gpt.config.n_embd) for shape in seen)  # (B, C): one position per row, prefills included
 
 
-def test_prefill_runs_the_prompt_once_then_one_token_per_step(monkeypatch):
+def test_prefill_runs_the_prompt_once_then_one_token_per_step():
     gpt = untrained_gpt()
     calls = []
-    trunk, one_step = gpt.trunk, OneTokenStep.__call__
+    trunk = gpt.trunk
 
     def record_trunk(idx, start_pos=0):
-        calls.append(("prefill", idx.shape[1], start_pos))
+        calls.append((idx.shape[1], start_pos))
         return trunk(idx, start_pos)
 
-    def record_step(self, token, pos):
-        calls.append(("step", token.shape, pos))
-        return one_step(self, token, pos)
-
     gpt.trunk = record_trunk
-    monkeypatch.setattr(OneTokenStep, "__call__", record_step)
-    gpt.generate(torch.randint(0, TINY_VOCAB, (1, 6)), 5)
-    one = torch.Size([1])
-    assert calls == [("prefill", 6, 0), ("step", one, 6), ("step", one, 7), ("step", one, 8), ("step", one, 9)]
+    generate(gpt, torch.randint(0, TINY_VOCAB, (1, 6)), 5)
+    assert calls == [(6, 0), (1, 6), (1, 7), (1, 8), (1, 9)]  # the 6 prompt tokens, then one token a step
 
 
 def test_cache_is_empty_outside_generation():
     gpt = untrained_gpt()
-    gpt.generate(torch.randint(0, TINY_VOCAB, (1, 3)), 4)
+    generate(gpt, torch.randint(0, TINY_VOCAB, (1, 3)), 4)
     assert all(block.attn.kv_cache is None for block in gpt.transformer.h)
 
 
 def test_generated_tokens_can_train_the_model():
     """Decoding runs in inference mode; what generate returns must still be usable by autograd."""
     gpt = untrained_gpt()
-    out = gpt.generate(torch.randint(0, TINY_VOCAB, (2, 3)), 6)
+    out = generate(gpt, torch.randint(0, TINY_VOCAB, (2, 3)), 6)
     assert not out.is_inference()
     gpt.train()
     _, loss = gpt(out[:, :-1], out[:, 1:])
@@ -226,7 +222,7 @@ def test_generated_tokens_can_train_the_model():
 def test_same_generator_seed_same_tokens():
     gpt = untrained_gpt()
     idx = torch.randint(0, TINY_VOCAB, (1, 3))
-    runs = [gpt.generate(idx, 10, generator=torch.Generator().manual_seed(7)) for _ in range(2)]
+    runs = [generate(gpt, idx, 10, generator=torch.Generator().manual_seed(7)) for _ in range(2)]
     assert torch.equal(runs[0], runs[1])
 
 
@@ -234,9 +230,9 @@ def test_generate_refuses_bad_arguments():
     gpt = untrained_gpt()
     idx = torch.zeros(1, 2, dtype=torch.long)
     with pytest.raises(ValueError, match="max_new_tokens"):
-        gpt.generate(idx, 0)
+        generate(gpt, idx, 0)
     with pytest.raises(ValueError, match="temperature"):
-        gpt.generate(idx, 3, temperature=-1)
+        generate(gpt, idx, 3, temperature=-1)
 
 
 @pytest.mark.parametrize("kernel", ["sdpa", "explicit"])
@@ -247,23 +243,23 @@ def test_one_decoding_step_equals_the_full_forward(kernel):
         expected = gpt(idx)[0][:, -1]
         gpt.set_kv_cache(3)
         gpt.last_logits(idx[:, :-1])  # prefill the first 8
-        got = OneTokenStep(gpt)(idx[:, -1], pos=8)
+        got = gpt.last_logits(idx[:, -1:], start_pos=8)  # the ninth against the cache
         gpt.clear_kv_cache()
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("kernel", ["sdpa", "explicit"])
 def test_static_step_for_cuda_graphs_equals_the_full_forward(kernel):
-    """The step a CUDA graph records (fixed buffers, the whole cache read under a mask) computes what
-    the blocks do, at every position, and its greedy tokens are those of the uncached forward."""
+    """The step a CUDA graph records (fixed buffers, the position as a 0-d tensor, the whole cache read
+    under a mask) computes what the blocks do, at every position."""
     gpt = untrained_gpt(attention=kernel)
     idx = torch.randint(0, TINY_VOCAB, (2, 12))
     with torch.no_grad():
         full = gpt(idx)[0]
-        step = StaticStep(gpt, gpt.new_kv_caches(2))
+        step = StaticStep(gpt, gpt.set_kv_cache(2))
         gpt.last_logits(idx[:, :4])  # prefill the first 4
         for pos in range(4, 12):
-            torch.testing.assert_close(step(idx[:, pos], pos), full[:, pos], rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(step(idx[:, pos : pos + 1], pos), full[:, pos], rtol=1e-5, atol=1e-5)
         assert gpt.cache_length() == 12
         gpt.clear_kv_cache()
 
@@ -272,33 +268,18 @@ def test_a_stream_on_a_graph_step_gives_the_tokens_of_the_uncached_forward(monke
     """The decoding loop run on the static step (as on a GPU, where it is replayed as a graph), sliding
     window included, decodes greedily what the full forward does."""
     import generation.decode as decode
+    import generation.step as step
 
     gpt = untrained_gpt()
     monkeypatch.setattr(decode, "use_cuda_graph", lambda model: True)
-    monkeypatch.setattr(decode, "CudaGraphStep", StaticStep)  # the same step, without the recording
+    monkeypatch.setattr(step, "CudaGraphStep", StaticStep)  # the same step, without the recording
     idx = torch.randint(0, TINY_VOCAB, (2, 5))
     new = 2 * gpt.config.block_size  # the window slides
-    uncached = gpt.generate(idx, new, temperature=0, use_cache=False)
-    assert torch.equal(gpt.generate(idx, new, temperature=0), uncached)
-    assert torch.equal(gpt.generate(idx, new, temperature=0), uncached)  # the kept step, reused
-    assert len(decode._graph_steps) == 1
-
-
-def test_packed_weights_give_the_same_tokens(monkeypatch):
-    import generation.step as decode
-
-    if not torch.backends.mkldnn.is_available():
-        pytest.skip("no oneDNN in this torch build")
-    gpt = untrained_gpt()
-    idx = torch.randint(0, TINY_VOCAB, (2, 5))
-    plain = gpt.generate(idx, 11, temperature=0)  # within block_size: one prefill, then 10 steps
-    monkeypatch.setattr(decode, "PACK_ABOVE_BYTES", 0)  # pack even this tiny model
-    assert decode.pack_weights(gpt)
-    seen = []
-    gpt.lm_head.register_forward_hook(lambda *a: seen.append("plain lm_head"))
-    packed = gpt.generate(idx, 11, temperature=0)
-    assert torch.equal(packed, plain)
-    assert len(seen) == 1  # only the prefill used the module; every step ran the packed copy
+    uncached = generate(gpt, idx, new, temperature=0, use_cache=False)
+    assert torch.equal(generate(gpt, idx, new, temperature=0), uncached)
+    kept = step._graph_steps[gpt][1]
+    assert torch.equal(generate(gpt, idx, new, temperature=0), uncached)
+    assert step._graph_steps[gpt][1] is kept  # the kept step, reused
 
 
 def test_the_model_package_needs_only_torch():
@@ -313,3 +294,19 @@ def test_the_model_package_needs_only_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_the_model_package_imports_nothing_of_the_project():
+    """model/ imports torch and its own modules only, not even for type checking: nothing else of
+    ours can make the network's code depend on it."""
+    ours = {path.stem for path in ROOT.glob("*.py")} | {path.parent.name for path in ROOT.glob("*/__init__.py")}
+    for path in sorted((ROOT / "model").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""] if node.level == 0 else ["model"]
+            else:
+                continue
+            outside = [n for n in names if n.split(".")[0] in ours - {"model"}]
+            assert not outside, f"{path.name} imports {outside}"

@@ -14,7 +14,7 @@ import yaml
 from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from model import GPT
+from checkpoint import load_checkpoint
 from shell.checks import SettingError, check_values, wandb_credentials_present, wandb_mode
 from shell.loggers import RunCSVLogger, flat_settings, wandb_run_id
 from shell.run import train
@@ -214,7 +214,7 @@ def test_wandb_offline_stages_the_best_checkpoint_as_a_model_artifact_in_the_run
     staged = Path(entry.local_path)
     assert entry.path == "model.ckpt" and staged.is_relative_to(folder.wandb_data)
     assert staged.read_bytes() == folder.best.read_bytes() and result.best_checkpoint == folder.best
-    assert GPT.from_checkpoint(staged).config == GPT.from_checkpoint(folder.best).config  # it describes itself
+    assert load_checkpoint(staged).model.config == load_checkpoint(folder.best).model.config  # it describes itself
     for artifact in artifacts:  # the samples tables too: everything a sync needs is in the run folder
         assert all(Path(e.local_path).is_relative_to(folder.wandb_data) for e in artifact.manifest.contents)
 

@@ -11,6 +11,7 @@ import torch
 from omegaconf import OmegaConf
 
 from checkpoint import load_checkpoint
+from generation import generate
 from model import GPT, GPTConfig
 from shell.checks import SettingError, check_values
 from shell.run import train
@@ -75,9 +76,9 @@ def test_a_composed_config_trains_and_writes_a_checkpoint_that_generates(small_t
     val_rows = [row for row in rows if row.get("val/loss")]
     assert [int(row["step"]) for row in val_rows][-1] == 29  # validated at the last step (the 30th)
 
-    model = GPT.from_checkpoint(run)
+    model = load_checkpoint(run).model
     assert not model.training
-    out = model.generate(torch.zeros(1, 1, dtype=torch.long), 10, temperature=0)
+    out = generate(model, torch.zeros(1, 1, dtype=torch.long), 10, temperature=0)
     assert out.shape == (1, 11)
 
     proc = run_script("generate.py", "--ckpt", str(run), "--prompt", "ROMEO:", "--max-new-tokens", "40", "--seed", "1")
