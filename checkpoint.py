@@ -141,41 +141,58 @@ def resolve_checkpoint(path: str | Path) -> Path:
     if path.is_file():
         return path
     if path.is_dir():
-        candidates = [folder / name for folder in (path / CHECKPOINTS_DIR, path) for name in CHECKPOINT_NAMES]
-        found = next((file for file in candidates if file.is_file()), None)
-        if found is not None:
-            return found
-        broken = next((file for file in candidates if file.is_symlink()), None)
-        if broken is not None:
-            others = checkpoint_files(broken.parent)
-            gone = f"{broken} is a broken link: it points at {os.readlink(broken)}, which no longer exists"
-            if others:
-                raise CheckpointError(f"{gone}; name another checkpoint of the run instead, e.g. {others[-1]}")
-            raise CheckpointError(f"{gone}, and the run holds no other checkpoint; use another run")
-        steps = checkpoint_files(path / CHECKPOINTS_DIR)
-        if steps:  # its links were lost on the way (a copy that skips symbolic links), or removed
-            raise CheckpointError(
-                f"{path} has no checkpoints/{BEST_NAME} or checkpoints/{LAST_NAME}, only other checkpoints; "
-                f"name one of them instead, e.g. the newest, {steps[-1]}"
-            )
-        runs = [run.parent for run in (*path.glob(f"*/{CHECKPOINTS_DIR}"), *path.glob(f"*/*/{CHECKPOINTS_DIR}"))]
-        if runs:  # a runs_root (outputs/) or a day of it
-            newest = max(runs, key=lambda run: run.stat().st_mtime)
-            raise CheckpointError(f"{path} holds runs, not one run: name one of them, e.g. the newest, {newest}")
-        models = sorted(config.parent for config in path.glob("*/config.json") if config.is_file())
-        if models:  # export.py's --out folders side by side (hf/my-model)
-            raise CheckpointError(
-                f"{path} holds Hugging Face model folders, not one model: name one of them, e.g. {models[0]}"
-            )
-        raise CheckpointError(
-            f"no checkpoint in {path}: expected checkpoints/best.ckpt or checkpoints/last.ckpt (a run folder), "
-            "or config.json with model.safetensors (a Hugging Face folder)"
-        )
+        return checkpoint_in_run(path)
     if path.exists():  # a device, a pipe, a socket
         raise CheckpointError(
             f"checkpoint {path} is not a file or a folder; pass a .ckpt file, a run folder or a Hugging Face folder"
         )
     raise CheckpointError(f"checkpoint {path} does not exist; pass a .ckpt file, a run folder or a Hugging Face folder")
+
+
+def checkpoint_in_run(folder: Path) -> Path:
+    """A run folder's best checkpoint, else its last; a folder without either is refused, with what it
+    does hold and what to pass instead."""
+    candidates = [place / name for place in (folder / CHECKPOINTS_DIR, folder) for name in CHECKPOINT_NAMES]
+    found = next((file for file in candidates if file.is_file()), None)
+    if found is not None:
+        return found
+    broken = next((file for file in candidates if file.is_symlink()), None)
+    if broken is not None:
+        raise broken_link(broken)
+    raise no_checkpoint(folder)
+
+
+def broken_link(link: Path) -> CheckpointError:
+    """The error for best.ckpt or last.ckpt pointing at a file that is gone; it names another checkpoint."""
+    others = checkpoint_files(link.parent)
+    gone = f"{link} is a broken link: it points at {os.readlink(link)}, which no longer exists"
+    if others:
+        return CheckpointError(f"{gone}; name another checkpoint of the run instead, e.g. {others[-1]}")
+    return CheckpointError(f"{gone}, and the run holds no other checkpoint; use another run")
+
+
+def no_checkpoint(folder: Path) -> CheckpointError:
+    """The error for a folder with no best.ckpt or last.ckpt, by what it holds instead: other
+    checkpoints, runs, Hugging Face model folders, or nothing of use."""
+    steps = checkpoint_files(folder / CHECKPOINTS_DIR)
+    if steps:  # its links were lost on the way (a copy that skips symbolic links), or removed
+        return CheckpointError(
+            f"{folder} has no checkpoints/{BEST_NAME} or checkpoints/{LAST_NAME}, only other checkpoints; "
+            f"name one of them instead, e.g. the newest, {steps[-1]}"
+        )
+    runs = [run.parent for run in (*folder.glob(f"*/{CHECKPOINTS_DIR}"), *folder.glob(f"*/*/{CHECKPOINTS_DIR}"))]
+    if runs:  # a runs_root (outputs/) or a day of it
+        newest = max(runs, key=lambda run: run.stat().st_mtime)
+        return CheckpointError(f"{folder} holds runs, not one run: name one of them, e.g. the newest, {newest}")
+    models = sorted(config.parent for config in folder.glob("*/config.json") if config.is_file())
+    if models:  # export.py's --out folders side by side (hf/my-model)
+        return CheckpointError(
+            f"{folder} holds Hugging Face model folders, not one model: name one of them, e.g. {models[0]}"
+        )
+    return CheckpointError(
+        f"no checkpoint in {folder}: expected checkpoints/best.ckpt or checkpoints/last.ckpt (a run folder), "
+        "or config.json with model.safetensors (a Hugging Face folder)"
+    )
 
 
 def checkpoint_files(folder: Path) -> list[Path]:

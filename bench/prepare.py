@@ -4,9 +4,10 @@
 
 Builds a corpus in a temporary folder from Tiny Shakespeare (one file per "edition": its speeches in a
 different order, its speakers renamed), then, in fresh processes with the default config
-(`data=text`, byte-level BPE with 1024 tokens):
+(`data=text` and the default tokenizer, a byte-level BPE with BPE-dropout):
 
-  first run    TextDataModule.prepare() from nothing: tokenizer training on a sample, then all tokens
+  first run    TextDataModule.prepare() from nothing: tokenizer training on a sample, then all tokens,
+               then the training split's BPE-dropout encodings
   second run   the same again, which must find the cache
 
 and in this process `tokenizers`' own `encode_batch_fast` over the same text, with the tokenizer the

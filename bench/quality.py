@@ -29,7 +29,7 @@ from bench import common  # noqa: E402
 
 SHAKESPEARE = common.shakespeare()
 
-# The default run before its vocabulary grew to 1280 tokens (bench/README.md, "A tenth round"), written
+# The default run before its vocabulary grew to 1280 tokens (bench/LOG.md, "A tenth round"), written
 # out, so that the current default is measured beside it on any text.
 PREVIOUS_DEFAULT = (
     "model.n_layer=4 model.n_head=6 model.n_embd=192 model.block_size=32 model.dropout=0.0 tokenizer.vocab_size=1024 "

@@ -206,6 +206,23 @@ def build_cache(root: str | os.PathLike, key: str, build: Callable[[Path], dict[
     entry, staging = tokens / key, tokens / f"{key}.partial"
     check_folders(tokens, key)
     made = missing_folders(tokens / ".locks")
+    lock = lock_entry(tokens, key, made)
+    try:
+        if (done := entry_under_lock(entry)) is not None:
+            return done
+        fill_staging(staging, build)
+        staging.rename(entry)
+    finally:
+        let_go(lock)
+        if not staging.exists() and not entry.exists():  # refused: the folders made for it go too
+            remove_if_empty(made)
+    return open_built(entry, made)
+
+
+def lock_entry(tokens: Path, key: str, made: list[Path]) -> FileLock:
+    """The entry's lock, held (after waiting for another process that holds it). A cache that cannot be
+    written to is said, with its fix, and the folders `made` for the lock go again."""
+    entry, staging = tokens / key, tokens / f"{key}.partial"
     lock = entry_lock(tokens, key)
     try:
         hold(lock, f"another process is preparing these tokens; waiting for it ({staging})")
@@ -215,47 +232,67 @@ def build_cache(root: str | os.PathLike, key: str, build: Callable[[Path], dict[
             raise wrong_kind(blocker) from None
         if err.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
             raise
-        if entry.exists():  # damaged (find_cache said so), and it cannot be made again here
-            raise DataError(
-                f"the token cache's entry {entry} is damaged and cannot be made again here: {err.filename} "
-                f"({err.strerror}); delete it (rm -r {shlex.quote(str(entry))}) as a user who may, or set "
-                "data.cache_dir to a folder you can write to"
-            ) from None
-        raise DataError(
-            f"the token cache has no entry for this data and tokenizer, and cannot be written to make one: "
-            f"{err.filename} ({err.strerror}); make {Path(err.filename).parent} writable, or set data.cache_dir "
-            "to a folder you can write to"
-        ) from None
+        raise unwritable(entry, err) from None
+    return lock
+
+
+def unwritable(entry: Path, err: OSError) -> DataError:
+    """The error for an entry that is needed and cannot be written: it is missing, or damaged."""
+    if entry.exists():  # damaged (find_cache said so), and it cannot be made again here
+        return DataError(
+            f"the token cache's entry {entry} is damaged and cannot be made again here: {err.filename} "
+            f"({err.strerror}); delete it (rm -r {shlex.quote(str(entry))}) as a user who may, or set "
+            "data.cache_dir to a folder you can write to"
+        )
+    return DataError(
+        f"the token cache has no entry for this data and tokenizer, and cannot be written to make one: "
+        f"{err.filename} ({err.strerror}); make {Path(err.filename).parent} writable, or set data.cache_dir "
+        "to a folder you can write to"
+    )
+
+
+def entry_under_lock(entry: Path) -> TokenCache | None:
+    """The entry, if it is there by now (another process made it while this one waited for the lock).
+    A damaged one (reported by find_cache) goes now, under the lock."""
     try:
-        try:
-            if (done := open_cache(entry)) is not None:
-                return done
-        except DamagedEntry:  # reported by find_cache; under the lock, it goes
-            shutil.rmtree(entry)
-        staging.mkdir(exist_ok=True)
-        if not (staging / "meta.json").is_file():
-            try:
-                meta = build(staging)
-                meta["tokenizer_sha256"] = text_hash((staging / "tokenizer.json").read_text(encoding="utf-8"))
-                write_json(staging / "meta.json", meta)
-            except DataError:
-                shutil.rmtree(staging, ignore_errors=True)
-                raise
-            except OSError as err:
-                if (blocker := wrong_kind_at(err, staging)) is not None:  # the rest is kept to go on from
-                    raise wrong_kind(blocker) from None
-                if (refused := refused_write(err)) is None:
-                    raise
-                raise disk_full(staging, refused) from None
-        keep = entry_files(json.loads((staging / "meta.json").read_text(encoding="utf-8")))
-        for leftover in staging.iterdir():  # work files of the build; the entry keeps only its own
-            if leftover.name not in keep:
-                shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
-        staging.rename(entry)
-    finally:
-        let_go(lock)
-        if not staging.exists() and not entry.exists():  # refused: the folders made for it go too
-            remove_if_empty(made)
+        return open_cache(entry)
+    except DamagedEntry:
+        shutil.rmtree(entry)
+        return None
+
+
+def fill_staging(staging: Path, build: Callable[[Path], dict[str, Any]]) -> None:
+    """The entry's files in staging: built now, unless a stopped run finished them (its meta.json is
+    written last); then the build's work files go, so that staging holds the entry and nothing else."""
+    staging.mkdir(exist_ok=True)
+    if not (staging / "meta.json").is_file():
+        run_build(staging, build)
+    keep = entry_files(json.loads((staging / "meta.json").read_text(encoding="utf-8")))
+    for leftover in staging.iterdir():
+        if leftover.name not in keep:
+            shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
+
+
+def run_build(staging: Path, build: Callable[[Path], dict[str, Any]]) -> None:
+    """build(staging), then meta.json with the hash of the tokenizer it wrote. Refused input removes
+    staging; a disk that filled, or something in the way, is said in one line."""
+    try:
+        meta = build(staging)
+        meta["tokenizer_sha256"] = text_hash((staging / "tokenizer.json").read_text(encoding="utf-8"))
+        write_json(staging / "meta.json", meta)
+    except DataError:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    except OSError as err:
+        if (blocker := wrong_kind_at(err, staging)) is not None:  # the rest is kept to go on from
+            raise wrong_kind(blocker) from None
+        if (refused := refused_write(err)) is None:
+            raise
+        raise disk_full(staging, refused) from None
+
+
+def open_built(entry: Path, made: list[Path]) -> TokenCache:
+    """The entry just renamed into place, checked as every entry is when opened."""
     try:
         built = open_cache(entry)
     except DamagedEntry as err:  # just written and already wrong: the disk or something else is at fault

@@ -33,42 +33,59 @@ def expand_paths(path, setting: str = "data.path", fmt: str = "auto") -> tuple[l
     if fmt not in ("auto", *set(FORMATS.values())):
         raise DataError(f"data.format={fmt!r} is not a format; use auto, txt, json, csv or parquet")
     path = os.path.expanduser(str(path))
-    if os.path.isdir(path):
-        root = Path(path)
-        every = [
-            p for p in root.rglob("*") if p.is_file() and not any(x.startswith(".") for x in p.relative_to(root).parts)
-        ]
-        read = [p for p in every if p.suffix.lower() in FORMATS and fmt in ("auto", FORMATS[p.suffix.lower()])]
-        files = sorted(map(str, read))
-        chosen = set(read)
-        others = Counter(p.suffix.lower() for p in every if p not in chosen)
-        if not files:
-            kinds = ".txt, .jsonl, .json, .csv or .parquet" if fmt == "auto" else f"{fmt} format"
-            raise DataError(f"{setting} folder {path} holds no files of {kinds}{other_files(others, setting, path)}")
-        if others:
-            kind = format_of(files[0], fmt)
-            log.info(
-                "%s %s: reading %s, leaving out %s", setting, path, count(len(files), f"{kind} file"), described(others)
-            )
-    elif os.path.isfile(path):
-        files = [path]
-    elif glob.has_magic(path):
-        files = sorted(f for f in glob.glob(path, recursive=True) if os.path.isfile(f))
-        if not files:
-            raise DataError(f"{setting} glob {path!r} matches no files; check the pattern")
-    else:
-        raise DataError(f"{setting} {path} {what_is_there(path)}; give a file, a folder or a glob")
-    formats = Counter(format_of(f, fmt) for f in files)
-    if len(formats) > 1:
-        found = ", ".join(f"{n} {kind}" for kind, n in formats.most_common())
-        raise DataError(f"{setting} {path} mixes formats ({found}); choose one with data.format=txt|json|csv|parquet")
+    files = files_named(path, setting, fmt)
+    fmt = one_format(files, path, setting, fmt)
     check_not_empty(files, path, setting)
-    fmt = next(iter(formats))
     heads = file_heads(files, setting)
     if fmt != "parquet":
         check_not_utf16_or_32(heads)
         check_no_nul_bytes(heads, setting if len(files) > 1 else "")
     return files, fmt
+
+
+def files_named(path: str, setting: str, fmt: str) -> list[str]:
+    """The files of a folder, a file or a glob, sorted."""
+    if os.path.isdir(path):
+        return files_in_folder(path, setting, fmt)
+    if os.path.isfile(path):
+        return [path]
+    if glob.has_magic(path):
+        files = sorted(f for f in glob.glob(path, recursive=True) if os.path.isfile(f))
+        if not files:
+            raise DataError(f"{setting} glob {path!r} matches no files; check the pattern")
+        return files
+    raise DataError(f"{setting} {path} {what_is_there(path)}; give a file, a folder or a glob")
+
+
+def files_in_folder(path: str, setting: str, fmt: str) -> list[str]:
+    """A folder's files of the format (any known one with fmt=auto), searched recursively, hidden ones
+    skipped; the others it holds are named in one line, so that none is left out unnoticed."""
+    root = Path(path)
+    every = [
+        p for p in root.rglob("*") if p.is_file() and not any(x.startswith(".") for x in p.relative_to(root).parts)
+    ]
+    read = [p for p in every if p.suffix.lower() in FORMATS and fmt in ("auto", FORMATS[p.suffix.lower()])]
+    files = sorted(map(str, read))
+    chosen = set(read)
+    others = Counter(p.suffix.lower() for p in every if p not in chosen)
+    if not files:
+        kinds = ".txt, .jsonl, .json, .csv or .parquet" if fmt == "auto" else f"{fmt} format"
+        raise DataError(f"{setting} folder {path} holds no files of {kinds}{other_files(others, setting, path)}")
+    if others:
+        kind = format_of(files[0], fmt)
+        log.info(
+            "%s %s: reading %s, leaving out %s", setting, path, count(len(files), f"{kind} file"), described(others)
+        )
+    return files
+
+
+def one_format(files: list[str], path: str, setting: str, fmt: str) -> str:
+    """The format all the files share; files of several are refused."""
+    formats = Counter(format_of(f, fmt) for f in files)
+    if len(formats) > 1:
+        found = ", ".join(f"{n} {kind}" for kind, n in formats.most_common())
+        raise DataError(f"{setting} {path} mixes formats ({found}); choose one with data.format=txt|json|csv|parquet")
+    return next(iter(formats))
 
 
 def what_is_there(path: str) -> str:

@@ -14,6 +14,7 @@ import secrets
 import shutil
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +23,10 @@ from omegaconf import OmegaConf
 from tokenizers import Tokenizer
 
 from data.cache import FORMAT_VERSION, TokenCache, build_cache, copy_name, find_cache, fingerprint, token_dtype
+from data.corpus import Corpus
 from data.errors import DataError
 from data.files import count, file_stats
-from data.shards import PIECE_CHARS, SHARD_CHARS, encode_corpus, join_shards, read_records
+from data.shards import PIECE_CHARS, SHARD_CHARS, SPLITS, encode_corpus, join_shards, read_records
 from data.sources import Source, changed_file, describe
 from data.tokenizer import build_tokenizer, load_pretrained, pretrained_files, splits_safely, with_dropout
 
@@ -92,26 +94,7 @@ def prepare_tokens(
     """Build the tokenizer (unless given, or made by an earlier, stopped run) and tokenize the corpus
     into staging/{tokenizer.json, train.bin, val.bin} (and, with tokenizer.dropout, train.drop1.bin,
     ...); returns the meta of the cache entry."""
-    tokenizer_file = staging / "tokenizer.json"
-    corpus = None
-    tokenizer = kept_tokenizer(staging)
-    if tokenizer is None:
-        if given is not None:
-            tokenizer = given
-        else:
-            started = time.perf_counter()
-            corpus = source.open(PIECE_CHARS)
-            tokenizer = build_tokenizer(tokenizer_cfg, corpus.train_texts)
-            log.info(
-                "tokenizer: %s, %d tokens (%.1f s)",
-                tokenizer_cfg.kind,
-                tokenizer.get_vocab_size(),
-                time.perf_counter() - started,
-            )
-        tmp = staging / ".tokenizer.json.tmp"
-        tmp.write_text(tokenizer.to_str(), encoding="utf-8")
-        os.replace(tmp, tokenizer_file)
-
+    tokenizer, corpus = staged_tokenizer(staging, source, tokenizer_cfg, given)
     dropout, copies = dropout_of(tokenizer_cfg)
     dropped = with_dropout(tokenizer, dropout) if copies else None  # refused before any text is encoded
     can_split = splits_safely(tokenizer)
@@ -119,74 +102,129 @@ def prepare_tokens(
         corpus = source.open(PIECE_CHARS if can_split else None)
     vocab_size = tokenizer.get_vocab_size()
     dtype = token_dtype(vocab_size)
+    encoding = Encoding(corpus, can_split, dtype, num_proc, shard_chars)
     shards = staging / "shards"
-    counts = encode_corpus(
-        corpus,
-        tokenizer,
-        can_split,
-        shards,
-        dtype.name,
-        worker_count(num_proc),
-        shard_chars or SHARD_CHARS,
-        progress,
-    )
-    if counts["train_tokens"] == 0 and counts["train_chars"] > 0:
-        raise DataError(
-            f"the tokenizer made no tokens of the {counts['train_chars']:,} training characters of {source.label}: "
-            "its vocabulary covers none of the text; use a tokenizer that covers it (tokenizer=bpe covers any text)"
-        )
-    if counts["train_tokens"] == 0:
-        raise DataError(
-            f"{source.label} holds no training text: it is too short to leave any once its validation share "
-            "(data.val_fraction) is taken; give a longer text"
-        )
+    counts = encoding.run(tokenizer, shards, progress)
+    check_training_tokens(counts, source.label)
     meta = {"format": FORMAT_VERSION, "dtype": dtype.name, "vocab_size": vocab_size, "source": source.label, **counts}
     if copies:
-        if (more := copies * counts["train_tokens"] * dtype.itemsize) > LARGE_COPIES:
-            log.warning(
-                "tokenizer.dropout=%s: its %d BPE-dropout encodings of the training split take about %.3g GB more "
-                "in the token cache; a corpus this large is rarely overfitted, and tokenizer.dropout=0 makes none",
-                dropout,
-                copies,
-                more / 1e9,
-            )
-        made = [
-            encode_copy(n, staging, corpus, dropped, can_split, dtype.name, num_proc, shard_chars)
-            for n in range(1, copies + 1)
-        ]
-        # names this making of the encodings, which no seed repeats: a run records it, and a resumed run
-        # whose entry was made again since (deleted, another machine's cache) is told it trains on others
-        meta.update(dropout=dropout, train_copies=made, encodings_made=secrets.token_hex(8))
-        log.info(
-            "BPE-dropout %s: the training split encoded %d more times, %s tokens each on average",
-            dropout,
-            copies,
-            f"{round(sum(made) / copies):,}",
-        )
+        meta.update(dropout_encodings(staging, encoding, dropped, dropout, copies, counts["train_tokens"]))
     join_shards(shards, len(read_records(shards, dtype.name)), staging)
     return meta
 
 
-def encode_copy(
-    number: int,
-    staging: Path,
-    corpus,
-    dropped: Tokenizer,
-    can_split: bool,
-    dtype: str,
-    num_proc: int | None,
-    shard_chars: int | None,
-) -> int:
+def staged_tokenizer(
+    staging: Path, source: Source, tokenizer_cfg, given: Tokenizer | None
+) -> tuple[Tokenizer, Corpus | None]:
+    """The tokenizer of staging/tokenizer.json: the one an earlier, stopped run left there, else
+    `given`, else one trained now (and then the corpus it was trained from, opened, else None)."""
+    corpus = None
+    tokenizer = kept_tokenizer(staging)
+    if tokenizer is None:
+        if given is not None:
+            tokenizer = given
+        else:
+            tokenizer, corpus = train_tokenizer(source, tokenizer_cfg)
+        tmp = staging / ".tokenizer.json.tmp"
+        tmp.write_text(tokenizer.to_str(), encoding="utf-8")
+        os.replace(tmp, staging / "tokenizer.json")
+    return tokenizer, corpus
+
+
+def train_tokenizer(source: Source, tokenizer_cfg) -> tuple[Tokenizer, Corpus]:
+    """The tokenizer that tokenizer_cfg describes, built from the training split; and the corpus, opened
+    in pieces, for encoding to read again."""
+    started = time.perf_counter()
+    corpus = source.open(PIECE_CHARS)
+    tokenizer = build_tokenizer(tokenizer_cfg, corpus.train_texts)
+    log.info(
+        "tokenizer: %s, %d tokens (%.1f s)",
+        tokenizer_cfg.kind,
+        tokenizer.get_vocab_size(),
+        time.perf_counter() - started,
+    )
+    return tokenizer, corpus
+
+
+@dataclass(frozen=True)
+class Encoding:
+    """What every encoding of a corpus shares: the tokenizer's ids, and each BPE-dropout encoding."""
+
+    corpus: Corpus
+    can_split: bool  # whether long documents may be encoded in pieces (tokenizer.splits_safely)
+    dtype: np.dtype
+    num_proc: int | None  # data.num_proc
+    shard_chars: int | None  # data.shard_chars; None: SHARD_CHARS
+
+    def run(
+        self, tokenizer: Tokenizer, folder: Path, progress: Callable[[dict], None] | None = None, splits=SPLITS
+    ) -> dict[str, int]:
+        """The corpus's splits named encoded by tokenizer into shards under folder; their total counts."""
+        workers = worker_count(self.num_proc)
+        shard_chars = self.shard_chars or SHARD_CHARS
+        return encode_corpus(
+            self.corpus,
+            tokenizer,
+            self.can_split,
+            folder,
+            self.dtype.name,
+            workers,
+            shard_chars,
+            progress,
+            splits=splits,
+        )
+
+
+def check_training_tokens(counts: dict[str, int], label: str) -> None:
+    """A corpus must leave some tokens to train on: a tokenizer that covers none of its text, and a
+    text too short to leave any once validation's share is taken, are refused."""
+    if counts["train_tokens"] == 0 and counts["train_chars"] > 0:
+        raise DataError(
+            f"the tokenizer made no tokens of the {counts['train_chars']:,} training characters of {label}: "
+            "its vocabulary covers none of the text; use a tokenizer that covers it (tokenizer=bpe covers any text)"
+        )
+    if counts["train_tokens"] == 0:
+        raise DataError(
+            f"{label} holds no training text: it is too short to leave any once its validation share "
+            "(data.val_fraction) is taken; give a longer text"
+        )
+
+
+def dropout_encodings(
+    staging: Path, encoding: Encoding, dropped: Tokenizer, dropout: float, copies: int, train_tokens: int
+) -> dict[str, Any]:
+    """The training split encoded `copies` more times by `dropped` (BPE-dropout), into
+    staging/train.drop1.bin, ...; returns what meta.json records of them."""
+    if (more := copies * train_tokens * encoding.dtype.itemsize) > LARGE_COPIES:
+        log.warning(
+            "tokenizer.dropout=%s: its %d BPE-dropout encodings of the training split take about %.3g GB more "
+            "in the token cache; a corpus this large is rarely overfitted, and tokenizer.dropout=0 makes none",
+            dropout,
+            copies,
+            more / 1e9,
+        )
+    made = [encode_copy(n, staging, encoding, dropped) for n in range(1, copies + 1)]
+    # names this making of the encodings, which no seed repeats: a run records it, and a resumed run
+    # whose entry was made again since (deleted, another machine's cache) is told it trains on others
+    recorded = {"dropout": dropout, "train_copies": made, "encodings_made": secrets.token_hex(8)}
+    log.info(
+        "BPE-dropout %s: the training split encoded %d more times, %s tokens each on average",
+        dropout,
+        copies,
+        f"{round(sum(made) / copies):,}",
+    )
+    return recorded
+
+
+def encode_copy(number: int, staging: Path, encoding: Encoding, dropped: Tokenizer) -> int:
     """The training split encoded with BPE-dropout (`dropped`, tokenizer.dropout) into
     staging/train.drop<number>.bin, through shards of its own that a stopped preparation goes on from;
     returns its number of tokens. The encoding's randomness is the tokenizer library's own (it takes no
     seed), so the encodings are made once, with the entry: every run of these settings, and a resumed
     one, trains on the same."""
     folder = staging / "copies" / str(number)
-    encode_corpus(
-        corpus, dropped, can_split, folder, dtype, worker_count(num_proc), shard_chars or SHARD_CHARS, splits=("train",)
-    )
-    records = read_records(folder, dtype, ("train",))
+    encoding.run(dropped, folder, splits=("train",))
+    records = read_records(folder, encoding.dtype.name, ("train",))
     join_shards(folder, len(records), staging, {"train": copy_name(number)})
     return sum(r["train_tokens"] for r in records)
 
@@ -219,25 +257,9 @@ def prepare_corpus(
         return cache
     started = time.perf_counter()
     report = ProgressReport(progress)
-
-    def build(staging: Path) -> dict[str, Any]:
-        log.info("tokenizing %s once; later runs with the same data and tokenizer reuse the result", source.label)
-        meta = prepare_tokens(
-            staging,
-            source,
-            tokenizer_cfg,
-            given,
-            num_proc=data_cfg.get("num_proc"),
-            shard_chars=data_cfg.get("shard_chars"),  # characters per shard; smaller resumes more finely
-            progress=report,
-        )
-        # the key names the files as they were when reading began; tokens of a file written meanwhile
-        # are of no one version of it, and must not be kept under that key
-        if (changed := changed_file(source)) is not None:
-            raise DataError(f"{changed} changed while it was tokenized; run again once it is no longer being written")
-        return meta
-
-    cache = build_cache(data_cfg.cache_dir, key, build)
+    cache = build_cache(
+        data_cfg.cache_dir, key, lambda staging: tokenize_once(staging, source, data_cfg, tokenizer_cfg, given, report)
+    )
     cache.fallback = source.fallback
     if not cache.made_now:  # another process made it while this one waited
         log.info("using the tokens of %s that another process prepared, from %s", source.label, cache.folder)
@@ -252,6 +274,27 @@ def prepare_corpus(
         cache.folder,
     )
     return cache
+
+
+def tokenize_once(
+    staging: Path, source: Source, data_cfg, tokenizer_cfg, given: Tokenizer | None, report: ProgressReport
+) -> dict[str, Any]:
+    """build_cache's `build` for a corpus: its tokenizer and token ids in staging; the entry's meta."""
+    log.info("tokenizing %s once; later runs with the same data and tokenizer reuse the result", source.label)
+    meta = prepare_tokens(
+        staging,
+        source,
+        tokenizer_cfg,
+        given,
+        num_proc=data_cfg.get("num_proc"),
+        shard_chars=data_cfg.get("shard_chars"),  # characters per shard; smaller resumes more finely
+        progress=report,
+    )
+    # the key names the files as they were when reading began; tokens of a file written meanwhile
+    # are of no one version of it, and must not be kept under that key
+    if (changed := changed_file(source)) is not None:
+        raise DataError(f"{changed} changed while it was tokenized; run again once it is no longer being written")
+    return meta
 
 
 def corpus_key(data_cfg, tokenizer_cfg, given: Tokenizer | None = None) -> tuple[Source, str]:

@@ -215,21 +215,34 @@ def encode_corpus(
 
     head = list(itertools.islice(shards, 2))
     if num_proc <= 1 or len(head) < 2:  # one shard (or one process): encode here, on all cores
-        encode = ShardEncoder(*args)
-        for shard in itertools.chain(head, shards):
-            finish(shard, encode(shard.index, shard.items))
+        encode_here(itertools.chain(head, shards), args, finish)
     else:
-        with WorkerPool(num_proc, args) as pool:
-            pending: deque[tuple[Shard, Future]] = deque()
-            for shard in itertools.chain(head, shards):
-                pending.append((shard, pool.submit(encode_in_worker, shard.index, shard.items)))
-                while len(pending) > 2 * num_proc or (pending and pending[0][1].done()):
-                    done, future = pending.popleft()
-                    finish(done, future.result())
-            while pending:
+        encode_in_workers(itertools.chain(head, shards), num_proc, args, finish)
+    return {key: sum(r[key] for r in records) for key in COUNTS}
+
+
+def encode_here(shards: Iterator[Shard], args: tuple, finish: Callable[[Shard, dict[str, int]], None]) -> None:
+    """Each shard encoded in this process, one after another."""
+    encode = ShardEncoder(*args)
+    for shard in shards:
+        finish(shard, encode(shard.index, shard.items))
+
+
+def encode_in_workers(
+    shards: Iterator[Shard], num_proc: int, args: tuple, finish: Callable[[Shard, dict[str, int]], None]
+) -> None:
+    """Each shard encoded by a worker process, and finished in order: as soon as it and those before it
+    are done. About two shards per worker are in flight, no more, which bounds the memory they hold."""
+    with WorkerPool(num_proc, args) as pool:
+        pending: deque[tuple[Shard, Future]] = deque()
+        for shard in shards:
+            pending.append((shard, pool.submit(encode_in_worker, shard.index, shard.items)))
+            while len(pending) > 2 * num_proc or (pending and pending[0][1].done()):
                 done, future = pending.popleft()
                 finish(done, future.result())
-    return {key: sum(r[key] for r in records) for key in COUNTS}
+        while pending:
+            done, future = pending.popleft()
+            finish(done, future.result())
 
 
 def join_shards(folder: Path, count: int, target: Path, names: dict[str, str] | None = None) -> None:

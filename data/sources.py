@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     import datasets
 
 # `datasets` is imported where text is read or a Hub dataset is looked up, not here: a run whose
-# tokens are cached never reads text, and importing `datasets` takes about a second.
+# tokens are cached never reads text, and need not wait for that slow import.
 
 log = logging.getLogger(__name__)
 # datasets' file readers log each failure to read a file (twice: their own handler, then the root's) before
@@ -271,9 +271,9 @@ def hub_source(cfg) -> Source:
 
 
 def go_offline_if_unreachable(timeout: float = 5.0) -> None:
-    """With no network, huggingface_hub retries each request five times over about 25 s, logging every
-    try; one quick connection to the Hub decides instead, and without it the datasets cache alone is
-    read (HF_HUB_OFFLINE), which holds the dataset or fails at once."""
+    """With no network, huggingface_hub retries each request several times, waiting longer each time
+    and logging every try; one quick connection to the Hub decides instead, and without it the datasets
+    cache alone is read (HF_HUB_OFFLINE), which holds the dataset or fails at once."""
     if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on"):
         return
     endpoint = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")

@@ -7,10 +7,16 @@ import math
 import os
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from data.writes import making_folders
+
+if TYPE_CHECKING:
+    import numpy as np
+    from matplotlib.figure import Figure
+    from matplotlib.image import AxesImage
 
 MAX_LABELS = 96  # beyond this many tokens, label every n-th one so the labels stay legible
 
@@ -27,6 +33,14 @@ def save_attention_png(
     attended to (key). A dashed line marks where the prompt ends. The file appears complete or not
     at all (written aside, then renamed), and a failed write leaves no folder it made. A file already
     at `path` is kept (FileExistsError) unless `replace`: a picture this process drew there itself."""
+    figure = attention_figure(weights, labels, title, prompt_len)
+    path = Path(path)
+    write_png(figure, path, replace)
+    return path
+
+
+def attention_figure(weights: torch.Tensor, labels: list[str], title: str, prompt_len: int | None) -> Figure:
+    """One heatmap per head on a grid about as wide as it is tall, all on one colour scale."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -36,14 +50,25 @@ def save_attention_png(
     cols = math.ceil(math.sqrt(n_head))
     rows = math.ceil(n_head / cols)
     panel = min(8.0, max(3.0, 0.12 * T))  # inches per heatmap
-    fontsize = max(3.0, min(8.0, 500 / (T * cols)))
-    step = math.ceil(T / MAX_LABELS)
-    ticks = list(range(0, T, step))
-    tick_labels = [labels[i].replace("$", r"\$") for i in ticks]  # `$` would start matplotlib's math mode
-
     figure = Figure(figsize=(cols * panel + 1.0, rows * panel + 0.8), layout="constrained")
     FigureCanvasAgg(figure)
     axes = figure.subplots(rows, cols, squeeze=False)
+    image = draw_heads(axes, weights, labels, prompt_len)
+    if image is not None:
+        figure.colorbar(image, ax=axes.ravel().tolist(), shrink=0.6, label="attention weight")
+    figure.suptitle(title or "attention weights (row: query token, column: key token)", fontsize=10)
+    figure.supxlabel("attended to (key)", fontsize=9)
+    figure.supylabel("attending (query)", fontsize=9)
+    return figure
+
+
+def draw_heads(axes: np.ndarray, weights: torch.Tensor, labels: list[str], prompt_len: int | None) -> AxesImage | None:
+    """Head h's weights (T, T) in panel h of axes (rows, cols), tokens as tick labels; panels beyond
+    the last head stay blank. Returns the last heatmap drawn, for the colour bar."""
+    n_head, T, _ = weights.shape
+    fontsize = max(3.0, min(8.0, 500 / (T * axes.shape[1])))
+    ticks = list(range(0, T, math.ceil(T / MAX_LABELS)))
+    tick_labels = [labels[i].replace("$", r"\$") for i in ticks]  # `$` would start matplotlib's math mode
     values = weights.detach().float().cpu().numpy()
     vmax = float(values.max()) or 1.0
     image = None
@@ -58,13 +83,12 @@ def save_attention_png(
         if prompt_len is not None and 0 < prompt_len < T:
             for line in (ax.axvline, ax.axhline):
                 line(prompt_len - 0.5, color="white", linewidth=0.6, linestyle="--")
-    if image is not None:
-        figure.colorbar(image, ax=axes.ravel().tolist(), shrink=0.6, label="attention weight")
-    figure.suptitle(title or "attention weights (row: query token, column: key token)", fontsize=10)
-    figure.supxlabel("attended to (key)", fontsize=9)
-    figure.supylabel("attending (query)", fontsize=9)
+    return image
 
-    path = Path(path)
+
+def write_png(figure: Figure, path: Path, replace: bool) -> None:
+    """The figure as a PNG at path: written aside, then renamed (put_new, unless `replace`); a failed
+    write leaves neither the file aside nor a folder it made."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.partial")
     with making_folders(path.parent):
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -79,7 +103,6 @@ def save_attention_png(
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
-    return path
 
 
 def put_new(written: Path, path: Path) -> None:
