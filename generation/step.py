@@ -27,7 +27,9 @@ class StaticStep:
     an int position, and it exists to be recorded as a CUDA graph (the tests run it as it is)."""
 
     def __init__(self, model: GPT, caches: list[KVCache]):
-        self.model, self.caches = model, caches
+        # weakly: steps are kept per model in a WeakKeyDictionary, and a strong reference from the
+        # value would keep its key, the model, alive for good
+        self.model, self.caches = weakref.proxy(model), caches
         device = model.transformer.wte.weight.device
         self.token = torch.zeros(caches[0].k.size(0), 1, dtype=torch.long, device=device)  # (B, 1)
         self.pos = torch.zeros((), dtype=torch.long, device=device)

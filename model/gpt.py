@@ -17,6 +17,12 @@ from model.cache import KVCache
 from model.config import GPTConfig
 
 
+def dropout(p: float) -> nn.Module:
+    """nn.Dropout(p), or at p = 0 nn.Identity: the same numbers without dropout's checks, which each
+    decoded token would pass through twice in every layer."""
+    return nn.Dropout(p) if p > 0 else nn.Identity()
+
+
 def causal_mask(n_queries: int, n_keys: int, device) -> torch.Tensor:
     """(T, S) bool mask: the T queries are the last T of the S positions; True = may attend."""
     return torch.ones(n_queries, n_keys, dtype=torch.bool, device=device).tril(diagonal=n_keys - n_queries)
@@ -32,8 +38,8 @@ class CausalSelfAttention(nn.Module):
         # q, k and v for all heads come from one matrix: (C, 3C) holds the per-head projections side by side
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
-        self.attn_dropout = nn.Dropout(config.dropout)
-        self.resid_dropout = nn.Dropout(config.dropout)
+        self.attn_dropout = dropout(config.dropout)
+        self.resid_dropout = dropout(config.dropout)
         self.kv_cache: KVCache | None = None  # only set while generating
 
     def forward(self, x: torch.Tensor, start_pos: int | torch.Tensor = 0, weights: list | None = None) -> torch.Tensor:
@@ -42,7 +48,7 @@ class CausalSelfAttention(nn.Module):
         is set (see `KVCache.update`)."""
         B, T, C = x.size()
         qkv = self.c_attn(x).view(B, T, 3, self.n_head, C // self.n_head)  # [q | k | v], each cut into heads
-        q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each (B, nh, T, hs)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, nh, T, hs)
         mask = None
         if self.kv_cache is not None:
             k, v, mask = self.kv_cache.update(start_pos, k, v)  # (B, nh, S, hs): every position so far
@@ -81,7 +87,7 @@ class MLP(nn.Module):
         self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
         self.gelu = nn.GELU(approximate="tanh")  # GPT-2's GELU is the tanh approximation
         self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = dropout(config.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
@@ -112,7 +118,7 @@ class GPT(nn.Module):
             dict(
                 wte=nn.Embedding(config.vocab_size, config.n_embd),
                 wpe=nn.Embedding(config.block_size, config.n_embd),
-                drop=nn.Dropout(config.dropout),
+                drop=dropout(config.dropout),
                 h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
                 ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
             )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import gc
 import math
 
 import pytest
@@ -280,6 +281,9 @@ def test_a_stream_on_a_graph_step_gives_the_tokens_of_the_uncached_forward(monke
     kept = step._graph_steps[gpt][1]
     assert torch.equal(generate(gpt, idx, new, temperature=0), uncached)
     assert step._graph_steps[gpt][1] is kept  # the kept step, reused
+    del gpt, kept
+    gc.collect()
+    assert len(step._graph_steps) == 0  # and it does not keep the model alive
 
 
 def test_the_model_package_needs_only_torch():
