@@ -107,12 +107,9 @@ SET_BY_A_RESUME = (*LAUNCH_KEYS, PREPARED, MACHINE_CHOSEN, "trainer.accumulate_g
 
 
 # The narrowest model (n_embd) a CPU with bfloat16 instructions trains faster under bf16 autocast than
-# in 32-bit, by the flag that names them (python bench/precision.py, context 32, batch 32; bench/README.md).
-# AVX-512 BF16 (a 2-core AMD EPYC, 2 threads): 1.10x at 64 wide, 1.12x at 96, 1.38x at 128, 1.53x at 192,
-# 1.86x at 256 (one thread: 0.90x at 64 wide with heads of 16, 0.81x for a 2-layer model 32 wide); whole
-# runs: the 192-wide default 1.26x (254 s to 202 s), experiment=shakespeare_75s (2 layers, 128 wide) no
-# faster (as many tokens in 75 s). AMX tiles (a 2-core Intel Xeon): 0.92x at 128 wide, 2.15x at 384;
-# between them not measured.
+# in 32-bit, by the flag that names them: narrower models spend too little of a step in matmuls for
+# bfloat16's speed to pay for the conversions around them (bench/precision.py measures it; the figures
+# this rule rests on are in bench/README.md).
 CPU_BF16_FROM_WIDTH = (("amx_bf16", 256), ("avx512_bf16", 192))
 
 

@@ -11,8 +11,6 @@ this project never asks of it; they are imported where they are used (Hugging Fa
 from __future__ import annotations
 
 import gc
-import importlib.abc
-import importlib.util
 import signal
 import sys
 
@@ -43,30 +41,33 @@ UNUSED = (  # the entries that lead torchmetrics to import them (transformers, m
 )
 
 
-class SkipUnused(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: when torchmetrics' table is about to be imported, it returns the table's
-    own spec with its loading followed by setting the UNUSED entries false, and steps aside."""
-
-    def find_spec(self, name, path=None, target=None):
-        if name != TABLE:
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        load = spec.loader.exec_module
-
-        def exec_module(module) -> None:
-            load(module)
-            for entry in UNUSED:
-                if hasattr(module, entry):  # (another torchmetrics may name them otherwise: then they stay)
-                    setattr(module, entry, False)
-
-        spec.loader.exec_module = exec_module
-        return spec
-
-
 def skip_unused_torchmetrics_imports() -> None:
-    """Before Lightning is imported: torchmetrics then reads transformers and matplotlib as absent."""
-    if TABLE not in sys.modules and not any(isinstance(f, SkipUnused) for f in sys.meta_path):
+    """Before Lightning is imported: torchmetrics then reads transformers and matplotlib as absent. (The
+    finder is made here, not when this module is imported: its imports come after Ctrl-C is set up.)"""
+    import importlib.abc
+    import importlib.util
+
+    class SkipUnused(importlib.abc.MetaPathFinder):
+        """Finds nothing itself: when torchmetrics' table is about to be imported, it returns the table's
+        own spec with its loading followed by setting the UNUSED entries false, and steps aside."""
+
+        def find_spec(self, name, path=None, target=None):
+            if name != TABLE:
+                return None
+            sys.meta_path.remove(self)
+            spec = importlib.util.find_spec(name)
+            if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+                return spec
+            load = spec.loader.exec_module
+
+            def exec_module(module) -> None:
+                load(module)
+                for entry in UNUSED:
+                    if hasattr(module, entry):  # (another torchmetrics may name them otherwise: then they stay)
+                        setattr(module, entry, False)
+
+            spec.loader.exec_module = exec_module
+            return spec
+
+    if TABLE not in sys.modules and not any(type(f).__name__ == "SkipUnused" for f in sys.meta_path):
         sys.meta_path.insert(0, SkipUnused())

@@ -166,6 +166,21 @@ def test_train_py_command_line_end_to_end(small_text, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("steps, warmup", [(1, 0), (20, 2)])
+def test_the_short_runs_everyone_types_first_run_to_the_end(steps, warmup, full_text, tmp_path):
+    """`python train.py trainer.max_steps=20` on the default config: a short run is what was asked for,
+    so its warmup (50 steps) is shortened to fit, with one info line, and the run ends as any other."""
+    proc = run_script("train.py", f"trainer.max_steps={steps}", f"data.path={full_text}", "logger=csv", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    said = f"optim.warmup_steps=50 is not shorter than the run's {steps} step{'' if steps == 1 else 's'}: "
+    assert f"{said}warming up over {warmup} instead" in proc.stderr
+    (result_file,) = tmp_path.glob("outputs/*/*/result.json")
+    result = json.loads(result_file.read_text())
+    assert result["finished"] and result["config"]["optim"]["warmup_steps"] == warmup
+    assert math.isfinite(result["metrics"]["val/bpc"]) and result["config"]["trainer"]["max_steps"] == steps
+
+
+@pytest.mark.slow
 def test_train_py_reports_bad_input_in_one_line(small_text, tmp_path):
     proc = run_script(
         "train.py",

@@ -39,9 +39,8 @@ class NonFiniteSteps:
         bad = (~finite).to(counts.dtype)
         in_a_row = (counts[1] + 1) * bad
         self.counts = torch.stack([counts[0] + bad, in_a_row, torch.maximum(counts[2], in_a_row)])
-        inner = getattr(optimizer, "optimizer", optimizer)  # Lightning's wrapper, or the optimizer itself
-        if isinstance(inner, torch.optim.Adam | torch.optim.AdamW) and inner.defaults.get("fused"):
-            inner.found_inf = (~finite).float()
+        if isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW) and optimizer.defaults.get("fused"):
+            optimizer.found_inf = (~finite).float()
         elif not finite:
             for group in optimizer.param_groups:
                 for param in group["params"]:

@@ -84,8 +84,8 @@ class GPTModule(L.LightningModule):
         self.micro_batch = 0
         optimizer, schedule = self.optimizers(), self.lr_schedulers()
         norm = self.clip_gradients_(optimizer)  # clip: the gradient's global norm down to gradient_clip_val
-        self.nonfinite.skip_if_not_finite(norm, optimizer)  # a NaN or inf gradient: this update is skipped
-        self.log_train("train/lr", optimizer.param_groups[0]["lr"])
+        self.nonfinite.skip_if_not_finite(norm, optimizer.optimizer)  # a NaN or inf gradient: no update
+        self.log_train("train/lr", optimizer.optimizer.param_groups[0]["lr"])
         optimizer.step()  # update the weights
         optimizer.zero_grad(set_to_none=True)  # the next step's gradients start from zero
         schedule.step()  # the learning rate of the next step
