@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator
 import torch
 
 from generation.sampling import Generators, check_sampling, sample
-from generation.step import graph_step, use_cuda_graph
+from generation.step import graph_step, pack_linears, unpack_linears, use_cuda_graph
 from model import GPT
 
 
@@ -26,6 +26,9 @@ class Window:
     prefill of those), because learned absolute positions do not let cached keys shift to new
     positions. Without the cache, every step runs the same window from scratch, so both modes see
     the same context at every step and greedy decoding gives the same tokens.
+
+    Until `close`, the model is set up for decoding: its layers hold the KV caches, and a large model
+    on a CPU has packed Linear layers (`generation.step.pack_linears`).
     """
 
     def __init__(self, model: GPT, idx: torch.Tensor, max_new_tokens: int, use_cache: bool):
@@ -41,6 +44,7 @@ class Window:
             self.graph = graph_step(model, idx.size(0))
         if use_cache and self.graph is None:
             model.set_kv_cache(idx.size(0))
+        self.packed = pack_linears(model) if use_cache else {}
 
     def next_logits(self) -> torch.Tensor:
         """Logits (B, vocab) of the token after the last one."""
@@ -58,6 +62,12 @@ class Window:
     def append(self, token: torch.Tensor) -> None:
         self.tokens[:, self.total] = token
         self.total += 1
+
+    def close(self) -> None:
+        """Give the model back as it was: without caches, with its own Linear layers."""
+        unpack_linears(self.model, self.packed)
+        if self.use_cache:
+            self.model.clear_kv_cache()
 
 
 class StopTokens:
@@ -118,9 +128,9 @@ def stream(
                 break
     finally:
         # A stream left unfinished until the interpreter exits is closed while torch's modules are being
-        # torn down; the process drops the caches with everything else then.
-        if use_cache and not sys.is_finalizing():
-            model.clear_kv_cache()
+        # torn down; the process drops the model with everything else then.
+        if not sys.is_finalizing():
+            window.close()
 
 
 @torch.no_grad()

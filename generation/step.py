@@ -1,11 +1,15 @@
-"""Decoding on a GPU: the model's own one-token forward, recorded once as a CUDA graph and replayed.
+"""What makes a decoding step fast beyond the model's own forward, on a GPU and on a large CPU model.
 
-At one token a step the GPU's cost is kernel launches (some 150 per token for GPT-2 small), not
-arithmetic. A CUDA graph replays all of them with one launch, but only with the same shapes and the
-same memory every time. So `StaticStep` keeps the token and the position in fixed tensors, and passes
-the position to `GPT.last_logits` as a 0-d tensor: the KV cache then writes at that position and the
-attention reads the whole cache under a mask of the filled positions (`KVCache.update`).
+At one token a step the GPU's cost is kernel launches (a dozen or more a layer, for every token),
+not arithmetic. A CUDA graph replays all of them with one launch, but only with the same shapes and
+the same memory every time. So `StaticStep` keeps the token and the position in fixed tensors, and
+passes the position to `GPT.last_logits` as a 0-d tensor: the KV cache then writes at that position
+and the attention reads the whole cache under a mask of the filled positions (`KVCache.update`).
 `CudaGraphStep` records that call; each later token is one replay.
+
+A large model on a CPU is the opposite case: each step reads every weight from memory once, so its
+speed is that of the matrix-vector products. `pack_linears` swaps its Linear layers for copies whose
+weights oneDNN has laid out for it, which it reads faster than the plain layout.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import warnings
 import weakref
 
 import torch
+from torch import nn
 
 from model import GPT
 from model.cache import KVCache
@@ -99,3 +104,30 @@ def graph_step(model: GPT, batch_size: int) -> CudaGraphStep | None:
         return None
     _graph_steps[model] = (key, step)
     return step
+
+
+PACK_ABOVE_BYTES = 64 * 2**20  # weights this large stream from memory every step: worth packing
+
+
+def pack_linears(model: GPT) -> dict[str, nn.Linear]:
+    """Swap the Linear layers of a large float32 model in eval mode on a CPU with oneDNN for packed
+    copies (`torch.utils.mkldnn`), and return the originals by name, for `unpack_linears`; for any
+    other model, do nothing and return {}. The blocks stay as they are written: only their Linear
+    modules change, and each gives the same numbers up to float rounding."""
+    weight = model.transformer.wte.weight
+    size = sum(p.numel() * p.element_size() for p in model.parameters())
+    cpu = weight.device.type == "cpu" and weight.dtype == torch.float32 and torch.backends.mkldnn.is_available()
+    if not cpu or model.training or size <= PACK_ABOVE_BYTES:
+        return {}
+    from torch.utils import mkldnn  # its import warns that TorchScript is deprecated: only when used
+
+    linears = {name: module for name, module in model.named_modules() if isinstance(module, nn.Linear)}
+    for name, linear in linears.items():
+        model.set_submodule(name, mkldnn.to_mkldnn(linear))
+    return linears
+
+
+def unpack_linears(model: GPT, linears: dict[str, nn.Linear]) -> None:
+    """Put back the Linear layers `pack_linears` took out."""
+    for name, linear in linears.items():
+        model.set_submodule(name, linear)

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from generation import generate
+from generation import generate, stream
 from generation.step import StaticStep
 from model import GPT, ConfigError, GPTConfig
 from model.gpt import CausalSelfAttention
@@ -284,6 +284,26 @@ def test_a_stream_on_a_graph_step_gives_the_tokens_of_the_uncached_forward(monke
     del gpt, kept
     gc.collect()
     assert len(step._graph_steps) == 0  # and it does not keep the model alive
+
+
+def test_packed_linears_give_the_same_tokens_and_are_put_back(monkeypatch):
+    """A large model on a CPU decodes with oneDNN-packed copies of its Linear layers: the same greedy
+    tokens, and the model's own layers back once the stream ends."""
+    import generation.step as step
+
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("no oneDNN in this torch build")
+    gpt = untrained_gpt()
+    idx = torch.randint(0, TINY_VOCAB, (2, 5))
+    plain = generate(gpt, idx, 2 * gpt.config.block_size, temperature=0)  # prefills after a slide too
+    monkeypatch.setattr(step, "PACK_ABOVE_BYTES", 0)  # pack even this tiny model
+    linears = {name: module for name, module in gpt.named_modules() if isinstance(module, nn.Linear)}
+    tokens = stream(gpt, idx, 2 * gpt.config.block_size, temperature=0)
+    first = next(tokens)
+    assert not any(isinstance(module, nn.Linear) for module in gpt.modules())  # all swapped while decoding
+    packed = torch.cat([idx, first[:, None], *(token[:, None] for token in tokens)], dim=1)
+    assert torch.equal(packed, plain)
+    assert all(gpt.get_submodule(name) is linear for name, linear in linears.items())
 
 
 def test_the_model_package_needs_only_torch():
