@@ -1,0 +1,115 @@
+"""Every command the README and docs/ show still works as written.
+
+The commands are read from the ```bash blocks themselves. generate.py, explain.py and export.py run for
+real, in a fresh folder whose outputs/latest is a small run stopped part way; each train.py command line
+goes through everything train.py checks before it trains (composition, every setting, the run folder,
+what resume= and init_from= name), with the run and Hugging Face folders the docs name made real. The
+commands that need what a test cannot have (the network, several GPUs or machines, an installation) are
+named below, each with the reason."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from tests.common import ROOT, TINY_OVERRIDES, run_script, start_script
+
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+RUN = "outputs/2026-11-21/09-46-02"  # the run folder the docs name
+SWEEP = "multirun/2026-11-21/10-14-06"
+
+# Commands not run here, by their start, and why.
+NOT_RUN = {
+    "pip install": "installs the project (.ci/run does it)",
+    "pytest": "the test suite itself",
+    "tensorboard": "a server that runs until stopped",
+    "torchrun": "starts processes on several GPUs or machines",
+    "wandb sync": "uploads to wandb's servers",
+    f"python train.py -m resume={SWEEP}": "continues a sweep folder, which tests/test_run_lifecycle.py makes and continues",
+}
+
+
+def commands() -> list[str]:
+    found = []
+    for page in DOCS:
+        for block in re.findall(r"```bash\n(.*?)```", page.read_text(encoding="utf-8"), re.S):
+            for line in block.replace("\\\n", " ").splitlines():
+                command = re.split(r"(?:^|\s+)#(?:\s|$)", line)[0].strip()  # (a comment after it, or a line of one)
+                if command and command not in found:
+                    found.append(command)
+    return found
+
+
+def runs_as_program(command: str) -> bool:
+    return command.startswith(("python generate.py", "python explain.py", "python export.py"))
+
+
+def test_every_command_is_run_or_named_with_its_reason():
+    shown = commands()
+    assert len(shown) >= 60
+    left = [c for c in shown if not c.startswith("python train.py") and not runs_as_program(c)]
+    assert [c for c in left if not c.startswith(tuple(NOT_RUN))] == []
+
+
+@pytest.fixture(scope="module")
+def user_folder(tmp_path_factory, small_text) -> Path:
+    """A fresh folder as a user has it after a first run: RUN stopped at step 4 (SIGKILL) with the
+    tiny model, outputs/latest linking it; and the texts the data commands name."""
+    folder = tmp_path_factory.mktemp("user")
+    args = [*TINY_OVERRIDES, "model.n_layer=4", f"data.path={small_text}", "checkpoint.every_n_steps=2"]
+    args.append(f"hydra.run.dir={RUN}")
+    started = start_script("train.py", *args, "latest_link=outputs/latest", cwd=folder, failpoint="kill:4")
+    assert started.wait(timeout=600) != 0
+    (folder / "outputs" / "latest").symlink_to(folder / RUN)  # (train.py links a run that ends)
+    for name in ("my_copy_of_input.txt", "my_text.txt", "notes.txt", "quotes.txt"):
+        (folder / name).write_text(small_text.read_text(encoding="utf-8"), encoding="utf-8")
+    for export in [c for c in commands() if c.startswith("python export.py")]:  # what the other commands read
+        exported = run_script(*shlex.split(export)[1:], cwd=folder, timeout=600)
+        assert exported.returncode == 0, f"{export}\n{exported.stderr[-2000:]}"
+    return folder
+
+
+PROGRAM_COMMANDS = [c for c in commands() if runs_as_program(c) and not c.startswith("python export.py")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", PROGRAM_COMMANDS)
+def test_each_program_command_runs_as_written(command, user_folder):
+    """(The export commands run as the folder is made: the others read what they write.)"""
+    args = shlex.split(command)[1:]
+    if "--interactive" in args:
+        proc = start_script(*args, cwd=user_folder, stdin=-1, stdout=-1, stderr=-1)
+        out, err = proc.communicate("ROMEO:\n", timeout=300)
+        assert proc.returncode == 0, err[-2000:]
+        return
+    if "--attention-png" in args:
+        (user_folder / args[args.index("--attention-png") + 1]).unlink(missing_ok=True)
+    proc = run_script(*args, cwd=user_folder, timeout=600)
+    assert proc.returncode == 0, f"{command}\n{proc.stderr[-2000:]}"
+    assert "Traceback" not in proc.stderr
+
+
+TRAIN_COMMANDS = [c for c in commands() if c.startswith("python train.py") and not c.startswith(tuple(NOT_RUN))]
+
+
+@pytest.mark.slow
+def test_each_train_py_command_line_passes_what_train_py_checks_before_it_trains(user_folder, monkeypatch):
+    """As train.py reads it before Hydra starts (shell.launch.Launch), with nothing claimed: every setting
+    is known and fits, the run resume= names continues, the folder init_from= names is a model."""
+    from shell.launch import Launch
+
+    hf = user_folder / "hf" / "gpt2"
+    if not hf.exists():
+        exported = run_script("export.py", "--ckpt", RUN, "--out", "hf/gpt2", cwd=user_folder, timeout=600)
+        assert exported.returncode == 0, exported.stderr[-2000:]
+    monkeypatch.chdir(user_folder)
+    refused = {}
+    for command in TRAIN_COMMANDS:
+        try:
+            Launch(shlex.split(command)[2:], claim_folders=False).hydra_args()
+        except Exception as err:  # noqa: BLE001 (each refusal is reported below, with its command)
+            refused[command] = f"{type(err).__name__}: {err}"
+    assert refused == {}
