@@ -1,6 +1,6 @@
 """Generation speed: our KV-cache `generate` against transformers' `generate`, same weights, same process.
 
-    python bench/generate.py            # all three cases (the uncached GPT-2 run takes ~10 minutes)
+    python bench/generate.py            # all three cases (the uncached GPT-2 run takes ~20 minutes on 2 cores)
     python bench/generate.py --quick    # fewer repeats, and the uncached comparison on 300 tokens
     python bench/generate.py --device cuda   # on a GPU: GPT-2 small in float32 and bfloat16
 
