@@ -47,13 +47,15 @@ class CausalSelfAttention(nn.Module):
         attention weights (B, nh, T, S) are appended to. start_pos may be a 0-d tensor while a KV cache
         is set (see `KVCache.update`)."""
         B, T, C = x.size()
-        qkv = self.c_attn(x).view(B, T, 3, self.n_head, C // self.n_head)  # [q | k | v], each cut into heads
-        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, nh, T, hs)
+        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)  # one matrix multiply for every head's q, k, v
+        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
         mask = None
         if self.kv_cache is not None:
             k, v, mask = self.kv_cache.update(start_pos, k, v)  # (B, nh, S, hs): every position so far
         y = self.attend(q, k, v, mask, weights)  # (B, nh, T, hs)
-        y = y.transpose(1, 2).reshape(B, T, C)  # heads side by side again
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # heads side by side again
         return self.resid_dropout(self.c_proj(y))
 
     def attend(self, q, k, v, mask: torch.Tensor | None = None, weights: list | None = None) -> torch.Tensor:

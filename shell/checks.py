@@ -347,7 +347,7 @@ SPEC: dict[str, Any] = {
     "optim.min_lr_ratio": Number(min=0, max=1),
     "optim.max_nonfinite_in_a_row": STEPS,
     "tokenizer.kind": Choice(("bpe", "char", "pretrained")),
-    "tokenizer.vocab_size": Number(whole=True, max=COUNT_LIMIT),  # its least is BPE's: problems_of_data_and_trackers says why
+    "tokenizer.vocab_size": Number(whole=True, max=COUNT_LIMIT),  # its least: data.tokenizer (BPE)
     "tokenizer.max_train_chars": STEPS,
     "tokenizer.path": PathText(),
     "tokenizer.dropout": Number(min=0, below=1),

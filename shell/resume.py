@@ -66,9 +66,7 @@ def checkpoint_in(values: Mapping[str, Any], folder: RunFolder) -> Path | None:
     return folder.checkpoint_named(resume)
 
 
-def choose(
-    requested: dict, explicit: str | None, first: bool, matches
-) -> tuple[RunFolder | None, Path | None, bool]:
+def choose(requested: dict, explicit: str | None, first: bool, matches) -> tuple[RunFolder | None, Path | None, bool]:
     """Where a command line runs: (the run folder, or None for a new one named by the time; the checkpoint
     it continues from, or None for a new run; whether a scheduler restarts a job that stopped before its
     first checkpoint). `explicit`: hydra.run.dir as given; `first`: the first process of a launch, which
