@@ -22,6 +22,7 @@ from data.errors import DataError
 from data.tokenizer import safe_pieces
 
 FORMATS = {".txt": "txt", ".text": "txt", ".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
+FORMAT_CHOICES = ("auto", *dict.fromkeys(FORMATS.values()))  # data.format: by the files' extensions, or one
 READ_BYTES = 1 << 20
 HEAD_BYTES = 8000  # how much of each file is looked at for NUL bytes, as git does to tell binary files
 
@@ -30,8 +31,6 @@ log = logging.getLogger(__name__)
 
 def expand_paths(path, setting: str = "data.path", fmt: str = "auto") -> tuple[list[str], str]:
     """The files a path means, sorted, and their one format."""
-    if fmt not in ("auto", *set(FORMATS.values())):
-        raise DataError(f"data.format={fmt!r} is not a format; use auto, txt, json, csv or parquet")
     path = os.path.expanduser(str(path))
     files = files_named(path, setting, fmt)
     fmt = one_format(files, path, setting, fmt)

@@ -68,18 +68,14 @@ def no_path() -> DataError:
 
 
 def describe(cfg) -> Source:
-    kind = cfg.source
-    if kind == "shakespeare":
-        return shakespeare_source(cfg)
-    if kind == "text":
-        if not cfg.get("path"):
-            raise no_path()
-        return files_source(cfg, cfg.path)
-    if kind == "hub":
-        return hub_source(cfg)
-    if kind == "pydoc":
-        return pydoc_source(cfg)
-    raise DataError(f"unknown data.source {kind!r}; use text, hub, shakespeare or pydoc")
+    """The source data.source names (its choices are SOURCES', at the end of this module)."""
+    return SOURCES[cfg.source](cfg)
+
+
+def text_source(cfg) -> Source:
+    if not cfg.get("path"):
+        raise no_path()
+    return files_source(cfg, cfg.path)
 
 
 def check_files(cfg) -> None:
@@ -137,14 +133,9 @@ def files_source(cfg, path: str) -> Source:
 
 def reading_settings(cfg, fmt: str) -> dict:
     """The settings that change what text a format's files give."""
-    errors = cfg.get("errors", "strict")
-    if errors not in ("strict", "replace", "ignore"):
-        raise DataError(f"data.errors={errors!r} is not a choice; use strict, replace or ignore")
+    errors = cfg.get("errors", "strict")  # one of TEXT_ERRORS
     if fmt == "txt":
-        per = cfg.get("one_document_per", "file")
-        if per not in ("file", "line"):
-            raise DataError(f"data.one_document_per={per!r} is not a choice; use file or line")
-        return {"errors": errors, "one_document_per": per}
+        return {"errors": errors, "one_document_per": cfg.get("one_document_per", "file")}  # DOCUMENT_UNITS
     return {"errors": errors, "text_column": cfg.get("text_column", "text")}
 
 
@@ -459,3 +450,11 @@ def pydoc_source(cfg, label: str = "pydoc_data.topics") -> Source:
         return Corpus([Part(rows, "tail", where=label)], cfg.val_fraction)
 
     return Source(label, identity, open_corpus)
+
+
+# data.source's choices, and how each reads its text
+SOURCES = {"shakespeare": shakespeare_source, "text": text_source, "hub": hub_source, "pydoc": pydoc_source}
+# data.errors: what a byte that is not UTF-8 does (Python's decoding errors); data.one_document_per: a
+# plain-text file is one document, or each non-empty line is one
+TEXT_ERRORS = ("strict", "replace", "ignore")
+DOCUMENT_UNITS = ("file", "line")

@@ -266,16 +266,9 @@ def pretrained_files(path: str | os.PathLike | None) -> list[str]:
 
 
 def build_tokenizer(cfg, train_texts: Callable[[int | None], Iterator[str]]) -> Tokenizer:
-    """The tokenizer that tokenizer.kind asks for. train_texts(n) gives the training split's text, at
-    most n characters of it spread over the whole split (None: all of it)."""
-    kind = cfg.kind
-    if kind == "bpe":
-        return train_bpe(train_texts(cfg.get("max_train_chars")), cfg.vocab_size)
-    if kind == "char":
-        return train_char(train_texts(None))
-    if kind == "pretrained":
-        return load_pretrained(cfg.get("path"))
-    raise DataError(f"unknown tokenizer.kind {kind!r}; use bpe, char or pretrained")
+    """The tokenizer that tokenizer.kind asks for (one of TOKENIZERS). train_texts(n) gives the training
+    split's text, at most n characters of it spread over the whole split (None: all of it)."""
+    return TOKENIZERS[cfg.kind](cfg, train_texts)
 
 
 def with_dropout(tokenizer: Tokenizer, dropout: float) -> Tokenizer:
@@ -368,3 +361,11 @@ def safe_pieces(text: str, size: int) -> list[str]:
         start = cut
     pieces.append(text[start:])
     return pieces
+
+
+# tokenizer.kind's choices, and how each is made: trained on the training split, or read from disk
+TOKENIZERS: dict[str, Callable] = {
+    "bpe": lambda cfg, texts: train_bpe(texts(cfg.get("max_train_chars")), cfg.vocab_size),
+    "char": lambda cfg, texts: train_char(texts(None)),
+    "pretrained": lambda cfg, texts: load_pretrained(cfg.get("path")),
+}

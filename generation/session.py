@@ -121,37 +121,18 @@ class Session:
         `on_text` receives sample 1's text as it is decoded, whole characters at a time."""
         prompt_ids = self.encode(prompt)
         device = self.model.transformer.wte.weight.device
-        idx = torch.tensor([prompt_ids] * num_samples, dtype=torch.long, device=device)
+        idx = torch.tensor([prompt_ids] * num_samples, dtype=torch.long, device=device)  # (B, T)
         texts = [TextStream(self.tokenizer, sampling.stop) for _ in range(num_samples)]
-        finished = [False] * num_samples
         done = Completion([""] * num_samples, prompt_ids)
         started = time.perf_counter()
         steps = stream(
-            self.model,
-            idx,
-            sampling.max_new_tokens,
-            sampling.temperature,
-            sampling.top_k,
-            sampling.top_p,
-            use_cache=sampling.use_cache,
-            generator=generators,
-            stop_tokens=None if self.eot is None else [self.eot],
-        )
+            self.model, idx, sampling.max_new_tokens, sampling.temperature, sampling.top_k, sampling.top_p,
+            use_cache=sampling.use_cache, generator=generators, stop_tokens=None if self.eot is None else [self.eot],
+        )  # fmt: skip
+        finished = [False] * num_samples
         for step_tokens in steps:
             done.cache_length = self.model.cache_length()
-            for row, token in enumerate(step_tokens.tolist()):
-                if finished[row]:
-                    continue
-                if token == self.eot:
-                    finished[row] = True
-                    continue
-                done.tokens += 1
-                if row == 0:
-                    done.first_sample_ids.append(token)
-                piece = texts[row].add(token)
-                if row == 0 and on_text and piece:
-                    on_text(piece)
-                finished[row] = texts[row].stopped
+            self.take(step_tokens.tolist(), texts, finished, done, on_text)
             if all(finished):
                 steps.close()  # frees the KV cache now
                 break
@@ -162,3 +143,20 @@ class Session:
                 on_text(tail)
             done.texts[row] = text.text
         return done
+
+    def take(self, tokens: list[int], texts: list[TextStream], finished: list[bool], done: Completion, on_text) -> None:
+        """One step's token of each row into its text, up to where the row ends: at <|endoftext|>, or
+        at a stop string (which its TextStream holds back)."""
+        for row, token in enumerate(tokens):
+            if finished[row]:
+                continue
+            if token == self.eot:
+                finished[row] = True
+                continue
+            done.tokens += 1
+            if row == 0:
+                done.first_sample_ids.append(token)
+            piece = texts[row].add(token)
+            if row == 0 and on_text and piece:
+                on_text(piece)
+            finished[row] = texts[row].stopped

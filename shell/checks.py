@@ -21,7 +21,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from data.tokenizer import bpe_vocab_size_problem
+from data.files import FORMAT_CHOICES
+from data.sources import DOCUMENT_UNITS, SOURCES, TEXT_ERRORS
+from data.tokenizer import TOKENIZERS, bpe_vocab_size_problem
 from model import ConfigError, GPTConfig
 from training.optim import OPTIMIZERS, SCHEDULES
 
@@ -346,13 +348,13 @@ SPEC: dict[str, Any] = {
     "optim.schedule": Choice(tuple(SCHEDULES)),
     "optim.min_lr_ratio": Number(min=0, max=1),
     "optim.max_nonfinite_in_a_row": STEPS,
-    "tokenizer.kind": Choice(("bpe", "char", "pretrained")),
+    "tokenizer.kind": Choice(tuple(TOKENIZERS)),
     "tokenizer.vocab_size": Number(whole=True, max=COUNT_LIMIT),  # its least: data.tokenizer (BPE)
     "tokenizer.max_train_chars": STEPS,
     "tokenizer.path": PathText(),
     "tokenizer.dropout": Number(min=0, below=1),
     "tokenizer.dropout_copies": Number(whole=True, min=1, max=64),  # each a copy of train.bin on disk
-    "data.source": Choice(("shakespeare", "text", "hub", "pydoc")),
+    "data.source": Choice(tuple(SOURCES)),
     "data.path": PathText(optional=True),
     "data.url": Text(optional=True),
     "data.local_copies": ListOf(PathText()),
@@ -363,10 +365,10 @@ SPEC: dict[str, Any] = {
     "data.batch_size": STEPS,
     "data.num_workers": Number(whole=True, min=0),
     "data.sample_prompts": ListOf(Text(), optional=True),
-    "data.format": Choice(("auto", "txt", "json", "csv", "parquet")),
-    "data.one_document_per": Choice(("file", "line")),
+    "data.format": Choice(FORMAT_CHOICES),
+    "data.one_document_per": Choice(DOCUMENT_UNITS),
     "data.text_column": Text(),
-    "data.errors": Choice(("strict", "replace", "ignore")),
+    "data.errors": Choice(TEXT_ERRORS),
     "data.val_path": PathText(optional=True),
     "data.name": Text(),
     "data.config": Text(optional=True),

@@ -93,3 +93,16 @@ def test_the_check_reads_the_imports_it_should():
     assert "model" in edges["training.module"] and "checkpoint" in edges["training.module"]
     assert "training.fit" in edges["shell.run"] and "shell.job" in edges["train"]
     assert {"model.config", "model.gpt"} <= edges["model"]
+
+
+def test_no_function_of_the_core_is_longer_than_a_screen():
+    """The core reads like teaching code: no function longer than 40 lines, its docstring included."""
+    modules = project_modules()
+    long = []
+    for name, path in modules.items():
+        if layer(name) != "core":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno - node.lineno >= 40:
+                long.append(f"{name}.{node.name}: {node.end_lineno - node.lineno + 1} lines")
+    assert long == []
