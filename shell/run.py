@@ -31,8 +31,9 @@ from shell.run_folder import Claim, RunFolder, claim
 from shell.settings import resolve, resolve_resumed
 from shell.stop import GracefulStop
 from shell.sweep import result_record, summarize
-from training.fit import Extras, Fitted, RunSettings, sample_prompts
+from training.fit import Extras, Fitted
 from training.module import GPTModule
+from training.run_settings import RunSettings, sample_prompts
 
 log = logging.getLogger(__name__)
 

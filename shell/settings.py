@@ -46,7 +46,7 @@ from shell.flops import cpu_flags
 from shell.init_from import Start, kept_tokenizer, missing_source, model_keys_in, start_from
 from shell.memory import check_fits, process_count_here, this_machine_free, tight_fit
 from shell.run_folder import RunFolder, RunFolderError, process_rank, step_of
-from training.fit import NOT_TRAINER_ARGUMENTS, RunSettings, choose_strategy, sample_prompts
+from training.run_settings import NOT_TRAINER_ARGUMENTS, RunSettings, choose_strategy, sample_prompts
 
 log = logging.getLogger(__name__)
 

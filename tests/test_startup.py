@@ -61,6 +61,20 @@ def importer(tree: list[tuple[int, str]], package: str) -> str | None:
     return None
 
 
+def test_a_command_line_refused_before_training_never_loads_lightning(tmp_path):
+    """The checks run before Lightning is imported, so a bad setting is said in the seconds torch takes
+    to load, not the many more Lightning takes."""
+    proc = run_script("train.py", "optim.lr=0", "model.n_layer=0", cwd=tmp_path, env=profiled_env())
+    assert proc.returncode == 1
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [
+        "error: optim.lr must be above 0, got 0",
+        "error: model.n_layer must be a whole number of at least 1, got 0",
+    ]
+    imported = packages(import_tree(proc.stderr))
+    assert {"torch", "hydra", "shell"} <= imported and "lightning" not in imported
+
+
 def test_generating_imports_no_training_tracking_or_plotting_library(tiny_run):
     proc = run_script(
         "generate.py", "--ckpt", str(tiny_run), "--prompt", "ROMEO:", "--max-new-tokens", "4", env=profiled_env()
