@@ -57,7 +57,11 @@ def test_load_from_checkpoint_rebuilds_the_module_that_wrote_it(trained):
 def test_hyperparameters_are_plain_values_and_leave_the_tokenizer_to_the_description(trained):
     hparams = torch.load(trained, weights_only=True)["hyper_parameters"]  # weights-only loading reads them
     assert hparams["model_config"] == GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=32, vocab_size=300).to_dict()
-    assert set(hparams) == {"model_config", "optim", "max_steps", "val_tokens_per_char", "max_time_seconds"}
+    assert set(hparams) == {
+        "model_config", "optim", "max_steps", "val_tokens_per_char", "max_time_seconds",
+        "accumulation", "gradient_clip_val", "gradient_clip_algorithm",
+    }  # fmt: skip
+    assert (hparams["accumulation"], hparams["gradient_clip_val"], hparams["gradient_clip_algorithm"]) == (1, 1.0, None)
 
 
 def test_a_checkpoint_written_before_the_hyperparameters_loads_from_its_description(trained, tmp_path):

@@ -42,6 +42,21 @@ def test_each_parameter_has_one_optimizer_and_the_hidden_matrices_have_muon():
     assert all(g["lr"] == 0.5 for opt in (optimizer.muon, optimizer.adamw) for g in opt.param_groups)
 
 
+def test_the_optimizer_lightning_hands_the_training_step_sees_every_group_and_zeroes_every_gradient():
+    """Lightning's wrapper subclasses the optimizer's class: the groups must not be looked up in the
+    wrapper's own attributes, or zero_grad leaves the gradients to add up over the steps."""
+    from lightning.pytorch.core.optimizer import LightningOptimizer
+
+    model = GPT(tiny_config())
+    optimizer = muon_of(model)
+    wrapped = LightningOptimizer(optimizer)
+    assert [id(g) for g in wrapped.param_groups] == [id(g) for g in optimizer.param_groups] != []
+    idx = torch.randint(0, TINY_VOCAB, (2, model.config.block_size))
+    model(idx, idx)[1].backward()
+    wrapped.zero_grad(set_to_none=True)
+    assert all(p.grad is None for p in model.parameters())
+
+
 def test_a_step_moves_every_parameter_and_the_state_round_trips():
     torch.manual_seed(0)
     model = GPT(tiny_config())

@@ -495,7 +495,7 @@ def test_best_checkpoint_state_saved_in_a_moved_run_folder_is_kept_and_moved_wit
     folder, so the first validation after replaced best.ckpt whatever it scored."""
     saved = torch.load(reference / "checkpoints" / "last.ckpt", weights_only=False)["callbacks"]
     moved_to = tmp_path / "moved" / "checkpoints"
-    best = BestCheckpoint(dirpath=moved_to, filename="best", monitor="val/loss", mode="min", save_top_k=1)
+    best = BestCheckpoint(moved_to)
     state = saved[best.state_key]  # the key a run saved, before and after best.ckpt had its own class
     assert state["dirpath"] == str(reference / "checkpoints")
     with warnings.catch_warnings():

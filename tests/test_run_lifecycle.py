@@ -824,10 +824,8 @@ opened = pathlib.Path.open
 
 def ctrl_c_once_in_a_job(self, *args, **kwargs):
     if self.suffix == ".yaml" and not os.environ.get("CTRL_C_SENT"):
-        frame = sys._getframe(1)
-        while frame is not None and not (
-            frame.f_code.co_filename.endswith("train.py") and frame.f_code.co_name in ("main", "run_job")
-        ):
+        frame = sys._getframe(1)  # inside Hydra's main (train.py's main as Hydra runs it), composing a job
+        while frame is not None and frame.f_code.co_name != "decorated_main":
             frame = frame.f_back
         if frame is not None:
             os.environ["CTRL_C_SENT"] = "1"

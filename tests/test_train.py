@@ -173,7 +173,7 @@ def test_the_short_runs_everyone_types_first_run_to_the_end(steps, warmup, full_
     proc = run_script("train.py", f"trainer.max_steps={steps}", f"data.path={full_text}", "logger=csv", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     said = f"optim.warmup_steps=50 is not shorter than the run's {steps} step{'' if steps == 1 else 's'}: "
-    assert f"{said}warming up over {warmup} instead" in proc.stderr
+    assert f"{said}warming up over {warmup} instead" in proc.stdout  # Hydra's log lines go to stdout
     (result_file,) = tmp_path.glob("outputs/*/*/result.json")
     result = json.loads(result_file.read_text())
     assert result["finished"] and result["config"]["optim"]["warmup_steps"] == warmup

@@ -226,8 +226,10 @@ class MuonAdamW(torch.optim.Optimizer):
 
     @property
     def param_groups(self) -> list[dict]:
-        """The inner optimizers' groups, looked up each time: loading a state replaces their dicts."""
-        if not self.__dict__.get("combined"):
+        """The inner optimizers' groups, looked up each time: loading a state replaces their dicts.
+        (getattr, not this instance's __dict__: Lightning's optimizer wrapper subclasses this class and
+        forwards attributes it lacks to the optimizer it wraps.)"""
+        if not getattr(self, "combined", False):
             return self.__dict__.setdefault("registering", [])
         return [*self.muon.param_groups, *self.adamw.param_groups]
 
