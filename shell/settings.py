@@ -294,7 +294,7 @@ def resolve(requested: dict[str, Any], named: Iterable[str] = ()) -> tuple[RunSe
         check_memory(values, model, world_size)
         size_to_fallback(values, tokens, named)
         fit_warmup(values)
-        check_sample_prompts(values, tokens.tokenizer_json)
+        check_sample_prompts(values, tokens.tokenizer_json, named)
     except (SettingError, ConfigError, DataError):
         if tokens.made_now:  # refused: the entry made for it goes too
             discard(tokens)
@@ -466,22 +466,37 @@ def prepare(values: dict[str, Any], given: Tokenizer | None) -> TokenCache:
     return prepare_corpus(OmegaConf.create(values["data"]), OmegaConf.create(values["tokenizer"]), given)
 
 
-def check_sample_prompts(values: dict[str, Any], tokenizer_json: str) -> None:
-    """Refuse now a sample prompt that generate.py would refuse, rather than at the first validation."""
+def check_sample_prompts(values: dict[str, Any], tokenizer_json: str, named: Iterable[str] | None = None) -> None:
+    """Refuse now a sample prompt the command line gave that generate.py would refuse, rather than at the
+    first validation. A prompt the user did not choose (the data config's own, written for its text, or
+    the empty one) never stops a run: it is dropped with one warning line, and without any prompt left the
+    samples start from <|endoftext|>, or are turned off. `named`: the settings the command line gave
+    (None: a resumed run's own settings, checked when it started)."""
     if not values["samples"]["enabled"]:
         return
     tokenizer = Tokenizer.from_str(tokenizer_json)
+    key = "samples.prompts" if values["samples"]["prompts"] else "data.sample_prompts"
+    chosen = named is not None and any(name == key or name.startswith((f"{key}.", f"{key}[")) for name in named)
+    kept = []
     for prompt in sample_prompts(values):
         try:
             encode_prompt(tokenizer, prompt, eot_id(tokenizer))
+            kept.append(prompt)
         except PromptError as err:
-            if values["samples"]["prompts"] or values["data"].get("sample_prompts"):
-                key = "samples.prompts" if values["samples"]["prompts"] else "data.sample_prompts"
+            if chosen:
                 raise SettingError(f"{key}: {prompt!r} cannot be a sample prompt: {err}") from None
-            raise SettingError(  # no prompt given: samples start from <|endoftext|>, which this tokenizer lacks
-                "the run's text samples start from <|endoftext|>, which this tokenizer lacks; give prompts to "
-                "start them from (samples.prompts='[ROMEO:]') or turn them off (samples.enabled=false)"
-            ) from None
+            if prompt:
+                warn(f"{key}: the text samples leave out {prompt!r}, which this tokenizer cannot encode ({err})")
+    if kept == sample_prompts(values):
+        return
+    if kept:
+        values["samples"]["prompts"] = kept
+    elif eot_id(tokenizer) is not None:
+        values["samples"]["prompts"] = [""]
+    else:
+        values["samples"]["enabled"] = False
+        warn("no text samples in this run: its tokenizer has no <|endoftext|> to start them from; give "
+             "prompts to start them from (samples.prompts='[ROMEO:]')")  # fmt: skip
 
 
 def check_memory(values: dict[str, Any], model: GPTConfig, world_size: int) -> None:

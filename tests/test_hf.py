@@ -333,9 +333,15 @@ def test_the_readme_snippet_and_a_padded_pipeline_batch_work_on_an_export(export
     generate = transformers.pipeline("text-generation", model=str(exported))
     assert generate.tokenizer.pad_token == EOT and generate.tokenizer.padding_side == "left"
     prompts = ["ROMEO:", "JULIET: O Romeo, Romeo, wherefore"]
-    batch = generate(prompts, max_new_tokens=6, do_sample=False, batch_size=2)
-    alone = [generate(p, max_new_tokens=6, do_sample=False)[0]["generated_text"] for p in prompts]
+    options = dict(max_new_tokens=6, do_sample=False, handle_long_generation="hole")  # as docs/hugging-face.md
+    batch = generate(prompts, batch_size=2, **options)
+    alone = [generate(p, **options)[0]["generated_text"] for p in prompts]
     assert [rows[0]["generated_text"] for rows in batch] == alone  # padding changes nothing
+    # a prompt longer than the context leaves room for the new tokens, whatever text the tokenizer learned
+    long = "JULIET: " + "O Romeo, Romeo, wherefore art thou Romeo? " * 4
+    assert len(tokenizer(long).input_ids) > model.config.n_positions
+    (row,) = generate(long, **options)
+    assert row["generated_text"].startswith(long)
 
 
 def test_the_model_card_says_what_the_model_is_and_its_limits(exported, tiny_run, tmp_path):

@@ -202,11 +202,12 @@ def test_weights_that_are_not_finite_are_refused_before_a_run_trains_on_them(tra
 
 
 @pytest.mark.slow
-def test_a_tokenizer_without_end_of_text_asks_for_sample_prompts_rather_than_blaming_one(
+def test_a_tokenizer_without_end_of_text_trains_without_the_samples_it_cannot_start(
     transformers_folder, small_text, tmp_path
 ):
-    """data=text gives no sample prompts, so samples start from <|endoftext|>: a folder whose tokenizer
-    lacks it is refused naming the settings that help, not a data.sample_prompts the user never gave."""
+    """data=text gives no sample prompts, so samples would start from <|endoftext|>: a folder whose
+    tokenizer lacks it trains all the same (prompts the user never gave never stop a run), without text
+    samples, and one line says why and what gives them."""
     folder = tmp_path / "no-eot"
     shutil.copytree(transformers_folder, folder)
     tokenizer = (folder / "tokenizer.json").read_text()
@@ -214,9 +215,11 @@ def test_a_tokenizer_without_end_of_text_asks_for_sample_prompts_rather_than_bla
     proc = run_script(
         "train.py", *RUN[:-1], "data=text", f"data.path={small_text}", f"init_from={folder}", cwd=tmp_path
     )
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr
-    assert proc.stderr.strip().splitlines()[-1] == (
-        "error: the run's text samples start from <|endoftext|>, which this tokenizer lacks; give prompts to start "
-        "them from (samples.prompts='[ROMEO:]') or turn them off (samples.enabled=false)"
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    said = [line for line in (proc.stdout + proc.stderr).splitlines() if "no text samples in this run" in line]
+    assert len(said) == 1 and said[0].endswith(
+        "no text samples in this run: its tokenizer has no <|endoftext|> to start them from; give prompts to "
+        "start them from (samples.prompts='[ROMEO:]')"
     )
-    assert not (tmp_path / "outputs").exists()
+    (run,) = tmp_path.glob("outputs/*/*/checkpoints")
+    assert not (run.parent / "samples.md").exists()

@@ -261,3 +261,18 @@ def test_each_experiment_of_the_readme_trains_as_written(name, full_text, tmp_pa
     assert (model["n_layer"], model["n_head"], model["n_embd"], model["block_size"]) == shape
     assert result["finished"] and math.isfinite(result["metrics"]["val/bpc"])
     assert (result_file.parent / "checkpoints" / "last.ckpt").is_file()
+
+
+@pytest.mark.slow
+def test_a_sample_prompt_the_user_never_gave_is_left_out_rather_than_stopping_the_run(small_text, tmp_path):
+    """data=shakespeare's own prompts (ROMEO:, JULIET:) on a text of the user's whose characters lack a
+    J, under tokenizer=char: the run trains, its samples continue ROMEO: alone, one line says why."""
+    text = tmp_path / "no_j.txt"
+    text.write_text(small_text.read_text(encoding="utf-8").replace("J", "j"), encoding="utf-8")
+    tiny = [a for a in TINY_OVERRIDES if not a.startswith("tokenizer.")]
+    proc = run_script("train.py", *tiny, f"data.path={text}", "tokenizer=char", "logger=csv", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    said = [line for line in proc.stdout.splitlines() if "leave out 'JULIET:'" in line]
+    assert len(said) == 1 and "data.sample_prompts: the text samples leave out 'JULIET:'" in said[0]
+    (samples,) = tmp_path.glob("outputs/*/*/samples.md")
+    assert "prompt 'ROMEO:'" in samples.read_text() and "JULIET" not in samples.read_text()
