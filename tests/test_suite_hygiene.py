@@ -115,7 +115,19 @@ def test_tests_that_train_leave_the_checkouts_outputs_and_the_users_cache_as_the
     if find_tiny_shakespeare() is not None:
         env["TINYSHAKESPEARE"] = str(find_tiny_shakespeare())
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *REPRESENTATIVE],
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-n",
+            "0",
+            "-m",
+            "slow or not slow",
+            *REPRESENTATIVE,
+        ],
         cwd=checkout,
         env=env,
         capture_output=True,
