@@ -23,6 +23,7 @@ import os
 import pickle
 import random
 import re
+import shlex
 import zipfile
 import zlib
 from dataclasses import dataclass, field
@@ -434,21 +435,60 @@ def read_hf_folder(folder: Path, map_location="cpu") -> Weights:
 
 def read_hf_weights(folder: Path, map_location="cpu") -> dict[str, torch.Tensor]:
     """Every tensor of the folder's weight files (one file, or the shards an index names)."""
+    state: dict[str, torch.Tensor] = {}
+    for file in hf_weight_files(folder):
+        state.update(read_weight_file(file, map_location))
+    return state
+
+
+def hf_weight_files(folder: Path) -> list[Path]:
+    """The weight files of a Hugging Face folder: its one weight file, or the shards its index names.
+    Each must lie inside the folder (see `inside_folder`), so that an index or a link cannot make a
+    command read, export or upload another model's weights, or any other file."""
     for name in HF_WEIGHT_FILES:
         file = folder / name
         if not file.is_file():
             continue
-        if name.endswith(".index.json"):
-            try:
-                shards = sorted(set(json.loads(file.read_text(encoding="utf-8"))["weight_map"].values()))
-            except (OSError, json.JSONDecodeError, KeyError, AttributeError) as err:
-                raise CheckpointError(f"cannot read the shard index {file} ({err})") from None
-            state: dict[str, torch.Tensor] = {}
-            for shard in shards:
-                state.update(read_weight_file(folder / shard, map_location))
-            return state
-        return read_weight_file(file, map_location)
+        inside_folder(folder, name)
+        if not name.endswith(".index.json"):
+            return [file]
+        try:
+            shards = sorted(set(json.loads(file.read_text(encoding="utf-8"))["weight_map"].values()))
+        except (OSError, json.JSONDecodeError, KeyError, AttributeError, TypeError) as err:
+            raise CheckpointError(f"cannot read the shard index {file} ({err})") from None
+        return [inside_folder(folder, shard, index=file) for shard in shards]
     raise CheckpointError(f"{folder} has config.json but no weights: expected one of {', '.join(HF_WEIGHT_FILES)}")
+
+
+def inside_folder(folder: Path, name: str, index: Path | None = None) -> Path:
+    """folder/name, refused unless it lies inside the folder, links followed. The one way out is the
+    Hugging Face cache's own: a snapshot's files (models--org--name/snapshots/REV/...) are links to
+    that model's blobs (models--org--name/blobs/HASH)."""
+    home = folder.resolve()
+    named = Path(os.path.normpath(home / str(name)))
+    if index is not None and not named.is_relative_to(home):
+        raise CheckpointError(
+            f"the shard index {index} names {name!r}, a file outside {folder}; a model's weights are read only "
+            "from its own folder: name each shard by its file name in the folder"
+        )
+    real = named.resolve()
+    if real.is_relative_to(home) or (blobs := cache_blobs(home)) is not None and real.is_relative_to(blobs):
+        return named
+    raise CheckpointError(
+        f"{folder / name} is a link to {real}, outside {folder}; a model's weights are read only from its own "
+        f"folder: put a copy of the file there in place of the link (cp --remove-destination {shlex.quote(str(real))} "
+        f"{shlex.quote(str(folder / name))})"
+    )
+
+
+def cache_blobs(folder: Path) -> Path | None:
+    """The blobs folder of the Hugging Face cache's copy of a model, when folder is (inside) one of its
+    snapshots: .../models--org--name/snapshots/REV; else None."""
+    for snapshot in (folder, *folder.parents):
+        repo = snapshot.parent.parent
+        if snapshot.parent.name == "snapshots" and repo.name.startswith("models--"):
+            return repo / "blobs"
+    return None
 
 
 def read_weight_file(file: Path, map_location="cpu") -> dict[str, torch.Tensor]:

@@ -41,6 +41,7 @@ class Part:
     batch_rows: int = 64  # rows read at a time; where reading can resume
     streaming: bool = False  # rows come over the network: its size is not counted beforehand
     explain: Callable[[Exception], Exception] | None = None  # a reading error as the error to raise
+    check: Callable[[list], None] | None = None  # looks at each batch's texts; a DataError if they are not text
 
     def batches(self, state: dict | None = None) -> Iterator[tuple[list[tuple[Any, bool]], dict]]:
         """(text, continues) rows a batch at a time, each batch with the stream's state after it;
@@ -57,6 +58,8 @@ class Part:
                 if known is None:
                     self.check_column(list(batch))
                 texts = batch[self.column]
+                if self.check is not None:
+                    self.check(texts)
                 yield list(zip(texts, batch.get("continues") or [False] * len(texts), strict=True)), stream.state_dict()
         except DataError:
             raise

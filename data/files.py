@@ -218,6 +218,8 @@ def read_text(path: str, errors: str = "strict") -> Iterator[str]:
             block = f.read(READ_BYTES)
             if offset == 0 and block.startswith(codecs.BOM_UTF8):
                 block, offset = block[len(codecs.BOM_UTF8) :], len(codecs.BOM_UTF8)
+            if (nul := block.find(b"\0")) >= 0:  # past the first bytes checked (check_no_nul_bytes): as it streams
+                raise nul_byte(path, offset + nul)
             pending = len(decoder.getstate()[0])  # bytes of a character cut by the previous block
             try:
                 text = decoder.decode(block, final=not block)
@@ -228,6 +230,39 @@ def read_text(path: str, errors: str = "strict") -> Iterator[str]:
             if not block:
                 return
             offset += len(block)
+
+
+def nul_byte(path: str, at: int) -> DataError:
+    """A NUL byte past a file's first bytes, which looked like text: what follows is binary (a disk
+    image, a database, a file zero-filled after a crash), which would train as text of NUL characters."""
+    stem, ext = os.path.splitext(path)
+    keep = f"head -c {at} {shlex.quote(path)} > {shlex.quote(f'{stem}-text{ext}')}"
+    return DataError(
+        f"{path} holds a NUL byte at byte {at}, so it is not text from there on; keep the text before it ({keep}) "
+        "or leave the file out"
+    )
+
+
+def check_no_nul_characters(texts: list, files: list[str]) -> None:
+    """A CSV reader passes a file's NUL bytes on as characters of its text (a JSON reader refuses
+    them): texts holding one are refused by the file and byte the first comes from."""
+    if not any(isinstance(text, str) and "\0" in text for text in texts):
+        return
+    for path in files:
+        if (at := first_nul(path)) >= 0:
+            raise nul_byte(path, at)
+    raise DataError(f"{', '.join(files)}: a text holds a NUL character, so it is not text; leave it out")
+
+
+def first_nul(path: str) -> int:
+    """Where a file's first NUL byte is; -1 if it has none."""
+    offset = 0
+    with open(path, "rb") as f:
+        while block := f.read(READ_BYTES):
+            if (at := block.find(b"\0")) >= 0:
+                return offset + at
+            offset += len(block)
+    return -1
 
 
 def not_utf8(path: str, at: int) -> DataError:

@@ -24,7 +24,7 @@ from urllib.parse import urlparse
 from data.cache import missing_folders, remove_if_empty
 from data.corpus import Corpus, Part
 from data.errors import DataError
-from data.files import expand_paths, file_stats, find_not_utf8, text_rows
+from data.files import check_no_nul_characters, expand_paths, file_stats, find_not_utf8, text_rows
 
 if TYPE_CHECKING:
     import datasets
@@ -175,6 +175,7 @@ def file_part(files: list[str], fmt: str, reading: dict, piece_chars: int | None
         column=reading["text_column"],
         where=where,
         explain=lambda err: explain_file_error(err, files, fmt, where),
+        check=(lambda texts: check_no_nul_characters(texts, files)) if fmt == "csv" else None,
     )
 
 

@@ -224,6 +224,65 @@ def check_ids(tokenizer: Tokenizer, path: Path) -> None:
         ) from None
 
 
+ROUND_TRIP_CHARS = 100_000  # characters of the training text a pretrained tokenizer's normalizer is tried on
+
+
+def pretrained(cfg, texts: Callable[[int | None], Iterator[str]]) -> Tokenizer:
+    """tokenizer.path's tokenizer, once its normalizer is seen to leave the training text's start as
+    it is (or to be undone by its decoder)."""
+    tokenizer = load_pretrained(cfg.get("path"))
+    sample = "".join(first_chars(texts(None), ROUND_TRIP_CHARS))
+    check_normalizer(tokenizer, sample, cfg.get("path"), bool(cfg.get("allow_normalized")))
+    return tokenizer
+
+
+def first_chars(texts: Iterator[str], limit: int) -> Iterator[str]:
+    for text in texts:
+        yield text[:limit]
+        limit -= len(text)
+        if limit <= 0:
+            return
+
+
+def check_normalizer(tokenizer: Tokenizer, sample: str, path, allowed: bool) -> None:
+    """A normalizer that rewrites the text (lowercases it, strips accents, replaces characters) and
+    whose rewriting decoding does not undo makes the model learn, and val/bpc measure, another text than
+    the user's: refused, or with tokenizer.allow_normalized said once, as the tokenizer is made."""
+    if tokenizer.normalizer is None or (normalized := tokenizer.normalizer.normalize_str(sample)) == sample:
+        return
+    ids = tokenizer.encode(sample, add_special_tokens=False).ids
+    if tokenizer.decode(ids, skip_special_tokens=False) == sample:
+        return  # rewritten for the vocabulary and written back (SentencePiece's spaces as ▁)
+    what = f"tokenizer.path {path}: its normalizer ({normalizer_names(tokenizer)}) rewrites the text ({first_change(sample, normalized)})"
+    if not allowed:
+        raise DataError(
+            f"{what}, so the model would learn, and val/bpc measure, that text rather than yours; use a tokenizer "
+            "that keeps the text (tokenizer=bpe does), or set tokenizer.allow_normalized=true to train on it as rewritten"
+        )
+    log.warning(
+        "%s; as tokenizer.allow_normalized=true, the model learns, and val/bpc measures, the text as rewritten", what
+    )
+
+
+def normalizer_names(tokenizer: Tokenizer) -> str:
+    """ "Lowercase", or "NFD, StripAccents" for a sequence of normalizers."""
+    spec = json.loads(tokenizer.to_str())["normalizer"]
+    return ", ".join(n.get("type", "?") for n in spec.get("normalizers", [spec]))
+
+
+def first_change(text: str, rewritten: str) -> str:
+    """Where two texts first differ, from the start of the word: "'First Citizen' becomes 'first citizen'"."""
+    at = len(os.path.commonprefix([text, rewritten]))
+    start = max(text.rfind(" ", 0, at) + 1, text.rfind("\n", 0, at) + 1, at - 12)
+    return f"{line_part(text, start, at)!r} becomes {line_part(rewritten, start, at)!r}"
+
+
+def line_part(text: str, start: int, at: int) -> str:
+    """text from start to a few characters past at, or to the end of at's line if sooner."""
+    end = text.find("\n", at + 1)
+    return text[start : min(at + 16, len(text) if end < 0 else end)]
+
+
 def has_gpt2_files(folder: Path) -> bool:
     return (folder / "vocab.json").is_file() and (folder / "merges.txt").is_file()
 
@@ -367,5 +426,5 @@ def safe_pieces(text: str, size: int) -> list[str]:
 TOKENIZERS: dict[str, Callable] = {
     "bpe": lambda cfg, texts: train_bpe(texts(cfg.get("max_train_chars")), cfg.vocab_size),
     "char": lambda cfg, texts: train_char(texts(None)),
-    "pretrained": lambda cfg, texts: load_pretrained(cfg.get("path")),
+    "pretrained": pretrained,
 }

@@ -216,7 +216,8 @@ def report_result(result: RunResult, hydra_cfg: DictConfig) -> float | None:
             log.warning("the sweep stops here; %s", how_to_continue_sweep(Path(hydra_cfg.sweep.dir)))
             sys.exit(0)
         return None
-    log.info("done: %s", describe_metrics(result.metrics))
+    of = " (val/bpc of the text as the tokenizer's normalizer rewrites it: tokenizer.allow_normalized)"
+    log.info("done: %s%s", describe_metrics(result.metrics), of if result.rewritten else "")
     log.info("run folder: %s", result.run_dir)
     if result.fallback:
         log.warning(

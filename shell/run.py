@@ -4,6 +4,7 @@ the modules that read its command line (shell.launch and those it uses)."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -49,6 +50,7 @@ class RunResult:
     stopped_by: str | None = None  # the stop signal it took while training (SIGINT, SIGTERM), early or at its last step
     prompt: str = ""  # the run's first sample prompt, for the generate.py command it suggests
     fallback: str | None = None  # why the run trained on a stand-in text (data.sources.Source.fallback)
+    rewritten: bool = False  # its tokenizer's normalizer rewrites the text, as tokenizer.allow_normalized allows
 
 
 def train(
@@ -264,6 +266,8 @@ def result_of(fitted: Fitted, settings: RunSettings, folder: RunFolder, stop: Gr
         stopped_by=stop.requested,
         prompt=sample_prompts(settings.values)[0],
         fallback=settings.tokens.fallback,
+        rewritten=bool(settings.values["tokenizer"].get("allow_normalized"))
+        and json.loads(settings.tokens.tokenizer_json).get("normalizer") is not None,
     )
 
 

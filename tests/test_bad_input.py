@@ -628,6 +628,8 @@ COVERED_ELSEWHERE = {
     "`--device cuda` without a GPU": "test_cli_errors.py::test_generate_py_device_cuda_without_a_gpu",
     "a missing checkpoint (`--ckpt`)": "test_cli_errors.py::test_generate_py_missing_checkpoint",
     "a checkpoint carrying pickled code": "test_hf.py (malicious checkpoint)",
+    "a Hugging Face folder whose shard index names a file outside it (`--ckpt`, `init_from=`, `export.py`)": "test_input_safety.py::test_generate_py_refuses_an_index_that_names_a_file_outside_the_folder and the test after it",
+    "a Hugging Face folder whose weight file is a link out of it (not into the Hugging Face cache's blobs of the same model)": "test_input_safety.py::test_train_py_init_from_refuses_weights_that_are_a_link_out_of_the_folder",
     "a truncated or corrupted checkpoint (`resume=`)": "test_reliability.py::test_resuming_from_a_truncated_checkpoint_says_so",
     "`init_from=` with a contradicting shape (`model.n_layer=6`)": "test_init_from.py",
     "a tokenizer setting with `init_from=` (`tokenizer=char`)": "test_init_from.py::test_train_py_refuses_a_tokenizer_override_with_init_from_in_one_line",
