@@ -85,13 +85,14 @@ def cpu_name() -> str:
 
 
 def probe_key(config: GPTConfig, batch_size: int) -> str:
-    """What a probe's result depends on: the processor (its name and feature flags), torch's threads and
-    version, and the model's shape and batch."""
+    """What a probe's result depends on: the processor (its name, feature flags and logical CPUs), torch's
+    version, and the model's shape and batch. Not torch's thread count: the processes of a multi-process
+    CPU run (which Lightning starts with fewer threads each) find the probe the launching process made,
+    and all train in the precision it chose."""
     flags = hashlib.sha256(" ".join(sorted(cpu_flags())).encode()).hexdigest()[:12]
     shape = ",".join(f"{key}={value}" for key, value in sorted(config.to_dict().items()))
     return (
-        f"{cpu_name()} (flags {flags})|{torch.get_num_threads()} threads|torch {torch.__version__}|"
-        f"{shape},batch_size={batch_size}"
+        f"{cpu_name()} (flags {flags}, {os.cpu_count()} CPUs)|torch {torch.__version__}|{shape},batch_size={batch_size}"
     )
 
 
