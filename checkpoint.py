@@ -34,6 +34,7 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
+from data.sources import PYDOC_LABEL
 from data.tokenizer import has_gpt2_files, read_gpt2_files
 from model import GPT, ConfigError, GPTConfig
 from model.hf import config_from_hf, from_hf_state_dict
@@ -356,6 +357,16 @@ def read_header(path: str | Path) -> dict[str, Any]:
         "model_config": meta.get("model_config"),
         "hyperparameters": "hyper_parameters" in ckpt,
     }
+
+
+def trained_offline(settings: dict[str, Any]) -> bool:
+    """Whether a run with these saved settings asked for Tiny Shakespeare (data.source=shakespeare) and,
+    with no copy and no network, learned the offline pydoc corpus that stands in for it instead (its
+    prepared_data names the corpus, data.sources.PYDOC_LABEL)."""
+    data, prepared = settings.get("data"), settings.get(PREPARED)
+    if not isinstance(data, dict) or not isinstance(prepared, dict):
+        return False  # a Hugging Face folder's, or a checkpoint's from before prepared_data was saved
+    return data.get("source") == "shakespeare" and str(prepared.get("source")).startswith(PYDOC_LABEL)
 
 
 def module_arguments(path: Path, header: dict[str, Any]) -> dict[str, Any]:

@@ -41,6 +41,7 @@ from shell.programs import (
     exit_quietly,
     given_path,
     run_program,
+    say_what_it_learned,
     stopped_status,
     stops_raised,
     whole_number,
@@ -565,6 +566,7 @@ def run(args: argparse.Namespace) -> int:
             f"explaining its last {len(ids)}]",
             file=sys.stderr,
         )
+    say_what_it_learned(loaded.config)  # (the prompt and the layer and head chosen were taken)
     idx = torch.tensor([ids], dtype=torch.long, device=model.transformer.wte.weight.device)
     labels = [token_label(tokenizer, i) for i in ids]
     walked = walk_layer(model, idx, args.layer, args.head, labels)

@@ -34,6 +34,7 @@ from shell.programs import (
     given_path,
     number,
     run_program,
+    say_what_it_learned,
     stopped_status,
     stops_raised,
     whole_number,
@@ -284,9 +285,14 @@ def run(args: argparse.Namespace) -> int:
     # from a file or a pipe have no one to ask, so there it ends the run, as it ends a one-off run
     stop_one = args.interactive and typed_at_terminal()
     fresh = True  # the generators have drawn nothing yet (a refused prompt draws nothing)
+    unsaid = True  # what the model learned, if it is not what its run asked for, is said before its first text
     drawn = False  # the --attention-png file is this session's picture, redrawn for each prompt
     for prompt in prompts:
         try:
+            if unsaid:
+                session.encode(prompt)  # a refused prompt is said alone
+                say_what_it_learned(loaded.config)
+                unsaid = False
             result = generate_text(session, prompt, args, generators, fresh_seeds=fresh)
         except KeyboardInterrupt:
             if not stop_one:

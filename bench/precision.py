@@ -10,8 +10,9 @@ the ratio of their summed step times (after a warm-up) is the figure. A CPU with
 Xeon from Sapphire Rapids on: the `amx_bf16` flag) multiplies bfloat16 matrices in them, one with
 AVX-512 BF16 (`avx512_bf16`: AMD EPYC from Zen 4 on) in dot-product instructions; one without either
 converts to and from bfloat16 around float32 arithmetic, and autocast only costs. `--widths` finds the
-width from which a CPU's bf16 pays: train.py chooses bf16-mixed on a CPU from the width that
-training/settings.py's CPU_BF16_FROM_WIDTH names for its instructions.
+width from which a CPU's bf16 pays. train.py decides for its own run the same way, in short: on a CPU
+with bfloat16 instructions it times a few steps of the run's shape in each precision the first time it
+sees the processor and shape (shell/cpu_precision.py), and trains in the faster.
 """
 
 from __future__ import annotations

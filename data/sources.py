@@ -38,6 +38,10 @@ log = logging.getLogger(__name__)
 logging.getLogger("datasets.packaged_modules").setLevel(logging.CRITICAL)
 
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
+# How the pydoc corpus is named in logs and in a run's saved settings (prepared_data.source), chosen
+# (data=pydoc) and standing in for Tiny Shakespeare; checkpoint.trained_offline reads it back
+PYDOC_LABEL = "pydoc_data.topics"
+OFFLINE_LABEL = f"{PYDOC_LABEL} (offline fallback)"
 VALIDATION_SPLITS = ("validation", "valid", "val", "dev")  # what data.val_split=auto looks for
 
 
@@ -389,7 +393,7 @@ def shakespeare_source(cfg) -> Source:
         return files_source(cfg, cfg.path)
     found = find_shakespeare(cfg.cache_dir, cfg.get("local_copies") or [], cfg.get("url") or SHAKESPEARE_URL)
     if found is None:
-        source = pydoc_source(cfg, label="pydoc_data.topics (offline fallback)")
+        source = pydoc_source(cfg, label=OFFLINE_LABEL)
         source.fallback = "Tiny Shakespeare is not available (no local copy, download failed)"
         return source
     return files_source(cfg, found)
@@ -434,7 +438,7 @@ def find_shakespeare(cache_dir: str, local_copies: list[str], url: str) -> str |
     return str(cached)
 
 
-def pydoc_source(cfg, label: str = "pydoc_data.topics") -> Source:
+def pydoc_source(cfg, label: str = PYDOC_LABEL) -> Source:
     """Python's own help topics, one document each: an English corpus that ships with every Python."""
     from pydoc_data.topics import topics
 

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NoReturn
 
+from checkpoint import trained_offline
 from shell.output import GuardedStdout, OutputError, silence_stdout
 
 
@@ -147,3 +148,17 @@ def memory_message(err: BaseException, less: str = "") -> str:
     wanted = re.search(r"allocate (\d+) bytes", str(err))
     size = f" ({int(wanted.group(1)) / 2**30:.1f} GiB at once)" if wanted else ""
     return f"out of memory{size}: {less + ', or ' if less else ''}use a machine with more memory for this model"
+
+
+OFFLINE_NOTE = (
+    "note: this model was trained on the offline corpus (Python's help texts), not Tiny Shakespeare, which "
+    "train.py could neither find nor download: give your text with data.path=/path/to/input.txt, or let "
+    "train.py download it (data.url) on a machine with network"
+)
+
+
+def say_what_it_learned(settings: dict) -> None:
+    """One line on stderr where the model learned the offline stand-in for Tiny Shakespeare (its saved
+    settings say so: checkpoint.trained_offline), whose text it writes rather than a play's."""
+    if trained_offline(settings):
+        print(OFFLINE_NOTE, file=sys.stderr)

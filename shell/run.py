@@ -29,7 +29,7 @@ from shell.init_from import Start
 from shell.loggers import build_loggers, finish_loggers
 from shell.progress import ProgressBar
 from shell.run_folder import Claim, RunFolder, claim
-from shell.settings import resolve, resolve_resumed
+from shell.settings import precision_words, resolve, resolve_resumed
 from shell.stop import GracefulStop
 from shell.sweep import result_record, summarize
 from training.fit import Extras, Fitted
@@ -328,7 +328,7 @@ def describe_run(settings: RunSettings, module: GPTModule) -> None:
         settings.world_size,
         settings.accumulation,
         settings.trainer["precision"],
-        " (chosen for this machine)" if "trainer.precision" in settings.machine_chosen else "",
+        precision_words(settings),
     )
     if settings.resume_from:
         log.info("resuming from %s (step %d)", settings.resume_from, settings.resume_step)

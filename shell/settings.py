@@ -26,7 +26,7 @@ from data.prepare import check_sizes, corpus_key, prepare_corpus, unknown_tokens
 from data.tokenizer import eot_id
 from generation.session import PromptError, encode_prompt
 from model import ConfigError, GPTConfig
-from shell import resume
+from shell import cpu_precision, resume
 from shell.checks import (
     ABSENT,
     PATH_KEYS,
@@ -93,9 +93,10 @@ FALLBACK_PASSES_BPE_DROPOUT = 14
 
 
 # Settings that, left null, are chosen for the machine (bf16 and compile on a CUDA GPU; eager on a CPU, in
-# bf16 where its bf16 instructions train the model faster, else 32-bit). The saved settings list under
-# this key those a run's command line left to the machine, so that a run continued on other hardware
-# (started on a GPU, resumed on a laptop) is given that machine's choice.
+# bf16 where a short timed probe finds its bf16 instructions train the run's model clearly faster, else
+# 32-bit). The saved settings list under this key those a run's command line left to the machine, so
+# that a run continued on other hardware (started on a GPU, resumed on a laptop) is given that machine's
+# choice.
 MACHINE_KEYS = ("trainer.precision", "compile")
 
 # Settings a resume sets itself, beside those a resume may change: where runs live and which to continue,
@@ -106,11 +107,11 @@ SET_BY_A_RESUME = (*LAUNCH_KEYS, PREPARED, MACHINE_CHOSEN, "trainer.accumulate_g
 # ---- checking ----------------------------------------------------------------------------------------
 
 
-# The narrowest model (n_embd) a CPU with bfloat16 instructions trains faster under bf16 autocast than
-# in 32-bit, by the flag that names them: narrower models spend too little of a step in matmuls for
-# bfloat16's speed to pay for the conversions around them (bench/precision.py measures it; the figures
-# this rule rests on are in bench/README.md).
-CPU_BF16_FROM_WIDTH = (("amx_bf16", 256), ("avx512_bf16", 192))
+# The CPU flags that name bfloat16 instructions: AMX tiles (Intel Xeon from Sapphire Rapids on) and
+# AVX-512 BF16 (AMD EPYC from Zen 4 on, Intel Xeon from Cooper Lake on). Whether they train a model
+# faster than 32 bits depends on the processor and the model (bench/precision.py): measured, once for
+# a processor and shape (shell.cpu_precision). A CPU without them only converts around fp32 arithmetic.
+CPU_BF16_FLAGS = ("amx_bf16", "avx512_bf16")
 
 
 class Machine(NamedTuple):
@@ -119,18 +120,16 @@ class Machine(NamedTuple):
     cuda: bool  # it has CUDA GPUs
     bf16: bool  # they compute in bfloat16
     triton: bool  # torch.compile can generate GPU kernels (Triton is installed)
-    # the narrowest model (n_embd) its CPU trains faster in bf16 than in 32-bit; None: it has no bf16 instructions
-    cpu_bf16_from: int | None = None
+    cpu_bf16: bool = False  # its CPU has bfloat16 instructions, which may train a model faster
 
     @classmethod
     def this(cls) -> Machine:
         cuda = torch.cuda.is_available()
-        flags = cpu_flags()
         return cls(
             cuda,
             cuda and torch.cuda.is_bf16_supported(),
             importlib.util.find_spec("triton") is not None,
-            next((width for flag, width in CPU_BF16_FROM_WIDTH if flag in flags), None),
+            any(flag in cpu_flags() for flag in CPU_BF16_FLAGS),
         )
 
 
@@ -147,10 +146,14 @@ def on_cpu(accelerator: str, machine: Machine) -> bool:
 
 
 def choose_precision(
-    requested: str | int | None, accelerator: str = "auto", machine: Machine | None = None, width: int | None = None
+    requested: str | int | None,
+    accelerator: str = "auto",
+    machine: Machine | None = None,
+    shape: tuple[GPTConfig, int] | None = None,
 ) -> str:
-    """bf16 mixed precision on GPUs that support it, and on CPUs with bfloat16 instructions for a model
-    `width` wide that they train faster so (the default model: 1.5 times as fast on an AVX-512 BF16 CPU);
+    """bf16 mixed precision on GPUs that support it, and on CPUs with bfloat16 instructions that train
+    the run's `shape` (its model and batch size) clearly faster so, as a short probe of both finds (once
+    for a processor and shape: shell.cpu_precision; without a shape yet, 32-true until it is known);
     full 32-bit elsewhere. An explicit choice wins, but not float16 on a CPU, where Lightning would train
     in bf16 while the run recorded float16."""
     machine = machine or Machine.this()
@@ -163,8 +166,20 @@ def choose_precision(
         return str(requested)
     if on_cuda(accelerator, machine):
         return "bf16-mixed" if machine.bf16 else "32-true"
-    fast = on_cpu(accelerator, machine) and machine.cpu_bf16_from is not None and (width or 0) >= machine.cpu_bf16_from
-    return "bf16-mixed" if fast else "32-true"
+    if on_cpu(accelerator, machine) and machine.cpu_bf16 and shape is not None:
+        return cpu_precision.measured(*shape).precision
+    return "32-true"
+
+
+def precision_words(settings: RunSettings) -> str:
+    """Why the run trains in its precision, for its first line: measured on this CPU for this shape,
+    chosen for this machine, or nothing where the command line gave it."""
+    if "trainer.precision" not in settings.machine_chosen:
+        return ""
+    found = cpu_precision.known(settings.model, settings.values["data"]["batch_size"])
+    if found is not None and found.precision == settings.trainer["precision"]:
+        return f" ({found.words()})"
+    return " (chosen for this machine)"
 
 
 def choose_compile(requested: bool | None, accelerator: str = "auto", machine: Machine | None = None) -> bool:
@@ -239,9 +254,9 @@ def check(values: dict[str, Any], new_run: bool = True) -> tuple[dict[str, Any],
                 "trains on CPUs, where a device is a process: give their number, e.g. trainer.devices=2 (this machine "
                 f"has {usable_cores()} CPU cores)"
             )
-        trainer["precision"] = choose_precision(
-            trainer.get("precision"), accelerator, machine, values["model"].get("n_embd")
-        )
+        # a new run's shape is settled once its tokenizer is (settle_precision); a continued run has its own
+        shape = None if new_run else (GPTConfig.from_dict(values["model"]), values["data"]["batch_size"])
+        trainer["precision"] = choose_precision(trainer.get("precision"), accelerator, machine, shape)
         values["compile"] = choose_compile(values.get("compile"), accelerator, machine)
         check_fsdp(values)
         world_size = probe_trainer(
@@ -302,8 +317,19 @@ def resolve(requested: dict[str, Any], named: Iterable[str] = ()) -> tuple[RunSe
     if unknown := unknown_tokens(tokens):
         warn(unknown)
     values["trainer"]["accumulate_grad_batches"] = accumulation
+    settle_precision(values, requested, model)
     chosen = left_to_the_machine(requested)
     return RunSettings(values, model, tokens, world_size, accumulation, machine_chosen=chosen), start
+
+
+def settle_precision(values: dict[str, Any], requested: dict[str, Any], model: GPTConfig) -> None:
+    """A new run's precision left to the machine, chosen again now that its model's shape is final (on a
+    CPU with bfloat16 instructions, the probe times this shape), once the run is past every check: its
+    memory was checked in 32 bits, the most a step of it (and the probe) takes."""
+    if lookup(requested, "trainer.precision") in (None, ABSENT):
+        trainer = values["trainer"]
+        shape = (model, values["data"]["batch_size"])
+        trainer["precision"] = choose_precision(None, str(trainer.get("accelerator", "auto")), Machine.this(), shape)
 
 
 def left_to_the_machine(requested: dict[str, Any]) -> tuple[str, ...]:

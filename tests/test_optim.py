@@ -116,20 +116,16 @@ def test_global_batch_and_accumulation_together_are_refused():
         (Machine(cuda=True, bf16=False, triton=True), "auto", "32-true"),  # a V100
         (Machine(cuda=True, bf16=True, triton=True), "gpu", "bf16-mixed"),
         (Machine(cuda=True, bf16=True, triton=True), "cpu", "32-true"),  # a GPU machine told to train on its CPU
-        (Machine(cuda=False, bf16=False, triton=False, cpu_bf16_from=192), "auto", "bf16-mixed"),  # AVX-512 BF16
-        (Machine(cuda=False, bf16=False, triton=False, cpu_bf16_from=256), "auto", "32-true"),  # AMX, narrower
-        (Machine(cuda=True, bf16=True, triton=True, cpu_bf16_from=192), "cpu", "bf16-mixed"),
-        (Machine(cuda=True, bf16=False, triton=True, cpu_bf16_from=192), "auto", "32-true"),  # a V100 is no CPU
+        # a CPU with bf16 instructions: a probe of the run's shape decides (tests/test_cpu_precision.py); without
+        # a shape, 32-true; a GPU's rule is no CPU's
+        (Machine(cuda=False, bf16=False, triton=False, cpu_bf16=True), "auto", "32-true"),
+        (Machine(cuda=True, bf16=False, triton=True, cpu_bf16=True), "auto", "32-true"),  # a V100 is no CPU
     ],
 )
-def test_precision_left_unset_is_bf16_mixed_on_a_gpu_or_cpu_that_trains_faster_so(machine, accelerator, chosen):
-    """The default model, 192 wide: bf16 on GPUs that have it, and on CPUs whose bf16 instructions pay
-    from a width it reaches; a narrower model stays 32-bit on every CPU."""
-    assert choose_precision(None, accelerator, machine, width=192) == chosen
+def test_precision_left_unset_is_bf16_mixed_on_a_gpu_that_has_it(machine, accelerator, chosen):
+    """bf16 on GPUs that have it; 32-bit on CPUs until a probe of the run's shape finds bf16 faster."""
+    assert choose_precision(None, accelerator, machine) == chosen
     on_gpu = machine.cuda and accelerator != "cpu"
-    assert choose_precision(None, accelerator, machine, width=64) == (
-        "bf16-mixed" if on_gpu and machine.bf16 else "32-true"
-    )
     assert choose_precision("bf16-mixed", accelerator, machine) == "bf16-mixed"  # a precision asked for wins
     assert choose_precision(32, accelerator, machine) == "32"  # a number, as the yaml gives it: Lightning's name
     if on_gpu and chosen == "bf16-mixed":
