@@ -170,7 +170,10 @@ def missing_config(err: Exception) -> CommandLineError:
     options = [line.strip() for line in lines if line.startswith("\t") and "provider=" not in line]
     missing = re.search(r"Could not find '([^']+)/([^']+)'", lines[0])
     if missing and missing.group(1) == "hydra/sweeper":
-        return CommandLineError(f"the {missing.group(2)} sweeper is not installed: pip install -e '.[optuna]'")
+        return CommandLineError(
+            f"the {missing.group(2)} sweeper is not installed; an Optuna search uses the project's own, "
+            "override /hydra/sweeper: optuna (as configs/hparams_search/optuna.yaml does)"
+        )
     missing = missing or re.search(r"Could not (?:find|load) '([^']+)/([^']*)'", lines[0])
     if missing:
         group, choice = missing.groups()

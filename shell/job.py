@@ -38,7 +38,7 @@ from shell.job_logging import log_libraries_to_file, quiet_console_of_other_proc
 from shell.launch import Launch
 from shell.run_folder import RunFolder, RunFolderError, process_rank, script
 from shell.startup import started
-from shell.sweep import OBJECTIVE, end_stopped_trials, how_to_continue_sweep, result_record, summarize
+from shell.sweep import OBJECTIVE, how_to_continue_sweep, result_record, summarize
 from shell.sweep_launch import CONTINUED_SWEEP
 
 if TYPE_CHECKING:
@@ -78,8 +78,6 @@ def launch(main: Callable[[], None]) -> None:
         release_ctrl_c()
     except KeyboardInterrupt:  # while Hydra composed, before a job began (or after the last)
         stopped_by_ctrl_c()
-    finally:
-        end_stopped_trials()  # a search stopped part way: its trial under way is failed, not left running
 
 
 def job(cfg: DictConfig) -> float | None:

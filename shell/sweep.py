@@ -147,7 +147,7 @@ def declared_sweep(sweep_dir: Path) -> list[str]:
 
 
 def is_search(sweep_dir: Path) -> bool:
-    """Whether the sweep at sweep_dir is a search (Optuna's sweeper), whose trials are drawn, not listed."""
+    """Whether the sweep at sweep_dir is a search (an Optuna sweeper), whose trials are drawn, not listed."""
     try:
         target = OmegaConf.select(OmegaConf.load(Path(sweep_dir) / SWEEP_RECORD), "hydra.sweeper._target_")
     except Exception:
@@ -172,23 +172,14 @@ def how_to_add_trials(search: Path) -> str:
     )
 
 
-_LAUNCHED_TRIALS: list[Any] = []  # the Optuna trials this process's search has launched
 SEARCH_OF_TRIAL = "tinygpt2_search"  # a trial's user attribute: the folder of the search that launched it
-
-
-def launched_trial(config: DictConfig, trial: Any) -> None:
-    """The search's hydra.sweeper.custom_search_space (configs/hparams_search/optuna.yaml): Optuna's
-    sweeper calls it with each trial it is about to launch, and it is kept for end_stopped_trials; the
-    study notes the search's folder on it, for fail_abandoned_trials."""
-    _LAUNCHED_TRIALS.append(trial)
-    trial.set_user_attr(SEARCH_OF_TRIAL, str(Path(config.hydra.sweep.dir).absolute()))
 
 
 def fail_abandoned_trials(storage: str, study_name: str) -> list[str]:
     """The trials of the stored study that a search left running as it was killed (with no chance to
-    end them: end_stopped_trials) are told to Optuna as failed; without this they stayed running for
-    ever. A trial counts as abandoned where the folder of its search is here and held by no process.
-    Returns a line for each."""
+    end them, as its sweeper does at a stop) are told to Optuna as failed; without this they stayed
+    running for ever. A trial counts as abandoned where the folder of its search is here and held by no
+    process. Returns a line for each."""
     import optuna
     from optuna.trial import TrialState
 
@@ -213,25 +204,6 @@ def fail_abandoned_trials(storage: str, study_name: str) -> list[str]:
     return failed
 
 
-def end_stopped_trials() -> None:
-    """The trials of this process's search still running as it ends (a stop with a checkpoint, Ctrl-C,
-    an error that ends the sweep) are told to Optuna as failed, as Optuna's own optimize() tells a trial
-    Ctrl-C interrupts: the sweeper tells a trial only when its job returns, so a study kept in a storage
-    would hold them as running for ever, in every later search that continues it."""
-    if not _LAUNCHED_TRIALS:
-        return
-    from optuna.trial import TrialState
-
-    for trial in _LAUNCHED_TRIALS:
-        try:
-            running = {t.number for t in trial.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
-            if trial.number in running:
-                trial.study.tell(trial, state=TrialState.FAIL)
-        except Exception as err:  # a storage gone out of reach: the trial stays as it was
-            log.warning("trial %d of the search could not be marked as failed in its storage: %s", trial.number, err)
-    _LAUNCHED_TRIALS.clear()
-
-
 def job_order(path: Path) -> tuple[int, str]:
     return (int(path.name), path.name) if path.name.isdigit() else (1 << 30, path.name)
 
@@ -243,7 +215,7 @@ class SweepSummary(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         """Hydra's record of the sweep, multirun.yaml, which the summary reads to know what is swept: its
-        basic sweeper writes it, the Optuna sweeper does not (written here for both, the same file)."""
+        basic sweeper writes it, the search's does not (written here for both, the same file)."""
         if process_rank() != 0:
             return
         sweep_dir = Path(config.hydra.sweep.dir)

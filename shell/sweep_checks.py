@@ -7,6 +7,7 @@ shell.settings.check, the data each names is there, and a search's storage can h
 
 from __future__ import annotations
 
+import importlib.metadata
 import itertools
 import math
 import os
@@ -32,6 +33,25 @@ def refuse_swept_hydra_settings(hydra_parsed: list) -> None:
                 f"{override.input_line}: Hydra's own settings cannot be swept"
                 + (f"; give the search range as {instead}={values}" if instead != key else "")
             )
+
+
+def check_search_sweeper(sweeper: dict) -> None:
+    """A search runs on the project's sweeper (hydra_plugins/tinygpt2_optuna) with Optuna 4 or later.
+    The hydra-optuna-sweeper plugin, which earlier versions installed and which needs Optuna 2, names its
+    sweeper alike; where both are installed, Hydra may choose either."""
+    if "hydra_optuna_sweeper" in str(sweeper.get("_target_")):
+        raise CommandLineError(
+            "the hydra-optuna-sweeper plugin, installed here, takes the place of this project's Optuna search "
+            "(and needs Optuna 2); remove it: pip uninstall hydra-optuna-sweeper"
+        )
+    try:
+        version = importlib.metadata.version("optuna")
+    except importlib.metadata.PackageNotFoundError:
+        raise CommandLineError("a search needs Optuna; install it with: pip install -e '.[optuna]'") from None
+    if int(version.split(".")[0]) < 4:
+        raise CommandLineError(
+            f"a search needs Optuna 4 or later, and {version} is installed; upgrade it with: pip install -e '.[optuna]'"
+        )
 
 
 def check_trial_counts(sweeper: dict) -> None:
@@ -159,7 +179,7 @@ def check_storage(storage) -> None:
     given = f"hydra.sweeper.storage={storage}"
     try:
         url = make_url(str(storage))
-        url.get_dialect().dbapi()
+        url.get_dialect().import_dbapi()
     except ArgumentError:
         raise CommandLineError(
             f"{given} is not a database URL; give one such as sqlite:///search.db (a SQLite file in this folder)"

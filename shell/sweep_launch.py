@@ -36,6 +36,7 @@ from shell.sweep_checks import (
     check_intervals,
     check_jobs,
     check_launch_sweep,
+    check_search_sweeper,
     check_storage,
     check_subdir,
     check_trial_counts,
@@ -45,7 +46,7 @@ from shell.sweep_checks import (
 )
 from shell.sweep_records import JOB_RECORD, SweepRecord, continue_command, sweep_record
 
-SEARCH_RESULT = "optimization_results.yaml"  # the best trial, which Optuna's sweeper writes as the search ends
+SEARCH_RESULT = "optimization_results.yaml"  # the best trial, which the search writes as it ends
 CONTINUED_SWEEP = "TINYGPT2_CONTINUED_SWEEP"  # the sweep folder a -m resume= launch continues
 
 
@@ -70,7 +71,6 @@ class SweepLaunch:
         if continued is not None:
             return continued
         sweeper = self.check_sweep(composer)
-        seed = continued_study_seed(sweeper)
         args = self.sweep_folder()
         if self.claim_folders and "optuna" in str(sweeper.get("_target_", "")).lower():
             try:
@@ -81,7 +81,7 @@ class SweepLaunch:
             if isinstance(sweeper.get("storage"), str):
                 for line in fail_abandoned_trials(sweeper["storage"], str(sweeper.get("study_name"))):
                     print(line, file=sys.stderr)
-        return [a for a in args if a.partition("=")[0] != "hydra.sweeper.sampler.seed"] + seed if seed else args
+        return args
 
     def continued_or_requeued(self, composer: Composer) -> list[str] | None:
         """-m continuing a sweep, in any process of a launch: the one resume= names, or the one a launch
@@ -121,11 +121,13 @@ class SweepLaunch:
             fixed + [o.input_line for o in hydra_parsed if not o.is_sweep_override()], with_hydra=True
         )
         sweeper = composed["hydra"].get("sweeper") or {}
+        searching = "optuna" in str(sweeper.get("_target_", "")).lower()
+        if searching:
+            check_search_sweeper(sweeper)
         check_trial_counts(sweeper)
         search = searched_settings(sweeper, parsed, hydra_parsed, composed, self.user)
         combinations = sweep_combinations(self.user + search)
         check_jobs(composer, combinations)
-        searching = "optuna" in str(sweeper.get("_target_", "")).lower()
         check_direction(sweeper, searching)
         check_intervals(composer, self.user + search, combinations, searching)
         check_storage(sweeper.get("storage"))
@@ -285,25 +287,6 @@ class SweepLaunch:
         if shared is None or self.hydra.get("hydra.sweep.dir"):
             return self.args
         return [*self.args, f"hydra.sweep.dir={shared.path}"]
-
-
-def continued_study_seed(sweeper: dict) -> list[str]:
-    """A search that adds trials to a stored study seeds its sampler past the trials the study holds:
-    with the seed the study began with, it proposed the same settings again, trial for trial."""
-    storage, seed = sweeper.get("storage"), (sweeper.get("sampler") or {}).get("seed")
-    if not isinstance(storage, str) or not isinstance(seed, int):
-        return []
-    if storage.startswith("sqlite:///") and not Path(storage.removeprefix("sqlite:///")).expanduser().is_file():
-        return []  # no study yet, and reading would make the file
-    import optuna
-
-    try:  # under open_study_storage's lock: another search may be making a new file's tables
-        with storage_lock(storage):
-            studies = optuna.get_all_study_summaries(storage)
-    except Exception:  # a database out of reach: the sweeper says so as it starts
-        return []
-    held = sum(s.n_trials for s in studies if s.study_name == sweeper.get("study_name"))
-    return [f"hydra.sweeper.sampler.seed={seed + held}"] if held else []
 
 
 def open_study_storage(storage) -> None:
