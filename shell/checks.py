@@ -354,6 +354,7 @@ SPEC: dict[str, Any] = {
     "tokenizer.path": PathText(),
     "tokenizer.dropout": Number(min=0, below=1),
     "tokenizer.dropout_copies": Number(whole=True, min=1, max=64),  # each a copy of train.bin on disk
+    "tokenizer.dropout_any_size": Flag(),
     "data.source": Choice(tuple(SOURCES)),
     "data.path": PathText(optional=True),
     "data.url": Text(optional=True),
