@@ -41,7 +41,7 @@ def shakespeare() -> Path:
     from data.sources import find_shakespeare
 
     settings = OmegaConf.load(ROOT / "configs" / "data" / "shakespeare.yaml")
-    copies = [str(ROOT / Path(copy).expanduser()) for copy in settings.local_copies]  # as train.py's in ROOT
+    copies = [os.path.normpath(ROOT / Path(copy).expanduser()) for copy in settings.local_copies]  # train.py's in ROOT
     found = find_shakespeare(settings.cache_dir, copies, settings.url)
     if found is None:
         raise SystemExit(
