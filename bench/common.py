@@ -10,6 +10,7 @@ scripts end. Each script imports this module after putting the checkout first on
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import subprocess
@@ -18,16 +19,36 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NoReturn
 
+from data.errors import DataError
 from shell.programs import exit_quietly, run_program
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@functools.cache
 def shakespeare() -> Path:
-    """Tiny Shakespeare's input.txt: $TINYSHAKESPEARE (set but empty: unset), else ../shared/data
-    beside the checkout."""
+    """Tiny Shakespeare's input.txt: $TINYSHAKESPEARE (set but empty: unset), else found as `python
+    train.py` run in the checkout finds it (data.sources.find_shakespeare with configs/data/shakespeare.yaml's
+    settings): the token cache's copy, a local copy, else downloaded into the cache. Without it (a file
+    $TINYSHAKESPEARE does not name, no copy and no network), the benchmark ends in one line."""
     given = os.environ.get("TINYSHAKESPEARE")
-    return Path(given).expanduser() if given else ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
+    if given:
+        if not Path(given).expanduser().is_file():
+            raise SystemExit(f"error: Tiny Shakespeare not found at {given}; set TINYSHAKESPEARE=/path/to/input.txt")
+        return Path(given).expanduser()
+    from omegaconf import OmegaConf
+
+    from data.sources import find_shakespeare
+
+    settings = OmegaConf.load(ROOT / "configs" / "data" / "shakespeare.yaml")
+    copies = [os.path.normpath(ROOT / Path(copy).expanduser()) for copy in settings.local_copies]  # train.py's in ROOT
+    found = find_shakespeare(settings.cache_dir, copies, settings.url)
+    if found is None:
+        raise SystemExit(
+            f"error: Tiny Shakespeare is not in the cache ({settings.cache_dir}) or beside the checkout "
+            f"({', '.join(settings.local_copies)}), and its download failed; set TINYSHAKESPEARE=/path/to/input.txt"
+        )
+    return Path(found)
 
 
 def finished_metrics(run: Path, what: str) -> dict[str, float]:
@@ -59,7 +80,7 @@ def run_benchmark(main: Callable[[], None]) -> NoReturn:
     # script), as it stops train.py: its temporary folder and the programs it runs are taken back
     signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        code = run_program(main)
+        code = run_program(main, DataError)  # Tiny Shakespeare downloaded and not kept, a preparation refused
     except (KeyboardInterrupt, Terminated) as stop:
         print(f"\nstopped by {'SIGTERM' if isinstance(stop, Terminated) else 'Ctrl-C'}", file=sys.stderr)
         code = 143 if isinstance(stop, Terminated) else 130

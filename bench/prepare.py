@@ -2,12 +2,13 @@
 
     python bench/prepare.py [--mb 200] [--shakespeare PATH]
 
-Builds a corpus in a temporary folder from Tiny Shakespeare (one file per "edition": its speeches in a
-different order, its speakers renamed), then, in fresh processes with the default config
-(`data=text` and the default tokenizer, a byte-level BPE with BPE-dropout):
+Builds a corpus in a temporary folder from Tiny Shakespeare (found as train.py finds it: one file per
+"edition", its speeches in a different order, its speakers renamed), then, in fresh processes with the
+default config (`data=text` and the default tokenizer, a byte-level BPE with BPE-dropout, whose extra
+encodings a corpus of 1.5M training characters or more does not get: data.prepare.DROPOUT_MAX_TRAIN_CHARS):
 
-  first run    TextDataModule.prepare() from nothing: tokenizer training on a sample, then all tokens,
-               then the training split's BPE-dropout encodings
+  first run    TextDataModule.prepare() from nothing: tokenizer training on a sample, then all tokens
+               (and, for a corpus below that size, the training split's BPE-dropout encodings)
   second run   the same again, which must find the cache
 
 and in this process `tokenizers`' own `encode_batch_fast` over the same text, with the tokenizer the
@@ -224,20 +225,26 @@ def library_throughput(corpus: Path, tokenizer_json: str) -> tuple[float, float,
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mb", type=int, default=200, help="corpus size in megabytes (default 200)")
-    parser.add_argument("--shakespeare", type=Path, default=common.shakespeare())
+    parser.add_argument(
+        "--shakespeare",
+        type=Path,
+        default=None,
+        help="Tiny Shakespeare's input.txt (default: $TINYSHAKESPEARE, else found as train.py finds it)",
+    )
     args = parser.parse_args()
     if args.mb < 1:
         raise SystemExit(f"error: --mb must be at least 1, got {args.mb}")
-    if not args.shakespeare.is_file():
+    if args.shakespeare is not None and not args.shakespeare.is_file():
         raise SystemExit(f"error: --shakespeare {args.shakespeare}: no such file; give Tiny Shakespeare's input.txt")
     check_room(args.mb, tempfile.gettempdir())
+    source = args.shakespeare or common.shakespeare()
 
     work = Path(tempfile.mkdtemp(prefix="tinygpt2-bench-"))
     try:
         corpus, cache = work / "corpus", work / "cache"
-        size = build_corpus(args.shakespeare, corpus, args.mb)
+        size = build_corpus(source, corpus, args.mb)
         mb = size / 1e6
-        print(f"corpus: {mb:.1f} MB in {len(list(corpus.iterdir()))} files under {corpus}", flush=True)
+        print(f"corpus: {mb:.1f} MB in {len(list(corpus.iterdir()))} files under {corpus}, from {source}", flush=True)
         env = {**os.environ, "HF_DATASETS_CACHE": str(work / "hf"), "TINYGPT2_CACHE": str(cache)}
 
         before = load()

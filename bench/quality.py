@@ -27,8 +27,6 @@ sys.path.insert(0, str(ROOT))
 
 from bench import common  # noqa: E402
 
-SHAKESPEARE = common.shakespeare()
-
 # The default run before its vocabulary grew to 1280 tokens (bench/LOG.md, "A tenth round"), written
 # out, so that the current default is measured beside it on any text.
 PREVIOUS_DEFAULT = (
@@ -54,7 +52,7 @@ QUIET = ["logger=csv", "trainer.enable_progress_bar=false", "latest_link=null"]
 
 
 def data_overrides(text: str) -> list[str]:
-    return ["data=pydoc"] if text == "pydoc" else [f"data.path={SHAKESPEARE}"]
+    return ["data=pydoc"] if text == "pydoc" else [f"data.path={common.shakespeare()}"]
 
 
 def run(overrides: str, budget: str, text: str, seconds: int) -> dict:
@@ -102,7 +100,7 @@ def main() -> None:
         "--text",
         choices=["shakespeare", "pydoc"],
         default="shakespeare",
-        help="Tiny Shakespeare (TINYSHAKESPEARE=path, default ../shared/data) or Python's help texts",
+        help="Tiny Shakespeare (TINYSHAKESPEARE=path, else found as train.py finds it) or Python's help texts",
     )
     parser.add_argument("--seconds", type=int, default=75, help="training time per run of the 75s budget (default 75)")
     parser.add_argument("--runs", nargs="+", default=None, help="override strings, one run each ('default': none)")
@@ -110,8 +108,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.seconds < 1 or args.repeats < 1:
         raise SystemExit(f"error: --seconds and --repeats must be at least 1, got {args.seconds} and {args.repeats}")
-    if args.text == "shakespeare" and not SHAKESPEARE.is_file():
-        raise SystemExit(f"error: Tiny Shakespeare not found at {SHAKESPEARE}; set TINYSHAKESPEARE=/path/to/input.txt")
+    if args.text == "shakespeare":
+        common.shakespeare()  # found (or downloaded) before the first run, or said in one line
     for n, budget in enumerate(["75s", "default"] if args.budget == "both" else [args.budget]):
         runs = args.runs or list(BUDGETS[budget])
         what = f"{args.seconds} s of training per run" if budget == "75s" else "the whole process of each run"

@@ -39,8 +39,6 @@ from shell.flops import cpu_peak_flops  # noqa: E402
 from shell.run import train  # noqa: E402
 from training.optim import lr_factor, make_adamw  # noqa: E402
 
-SHAKESPEARE = common.shakespeare()
-
 SHAPES = {
     # nanoGPT's CPU recipe: 4 layers, 4 heads, 128 wide, context 64, batch 12, characters
     "nanogpt-cpu": dict(
@@ -73,7 +71,7 @@ def overrides(shape: dict, steps: int, compile_model: bool) -> list[str]:
         f"model.block_size={m['block_size']}",
         "model.dropout=0.0",
         f"tokenizer={shape['tokenizer']}",
-        f"data.path={SHAKESPEARE}",
+        f"data.path={common.shakespeare()}",
         f"data.batch_size={shape['batch_size']}",
         f"trainer.max_steps={steps}",
         f"optim.warmup_steps={min(10, steps - 1)}",  # the learning rate's; below any number of steps measured
@@ -172,8 +170,7 @@ def main() -> None:
                 f"error: --steps {steps_of[name]} leaves fewer than 10 steps after the {shape['warmup']} warm-up steps of "
                 f"{name}; use --steps {shape['warmup'] + 10} or more"
             )
-    if not SHAKESPEARE.is_file():
-        raise SystemExit(f"error: Tiny Shakespeare not found at {SHAKESPEARE}; set TINYSHAKESPEARE=/path/to/input.txt")
+    common.shakespeare()  # found (or downloaded) before the first run, or said in one line
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)  # "GPU available: False", ...
     peak = cpu_peak_flops()  # train.py's train/mfu peak: max(theoretical fp32 rate, fastest rate seen on this machine)
     print(

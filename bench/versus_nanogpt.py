@@ -38,8 +38,6 @@ sys.path.insert(0, str(ROOT))
 
 from bench import common  # noqa: E402
 
-SHAKESPEARE = common.shakespeare()
-
 # nanoGPT's README, "I only have a macbook": its CPU command for the character-level Shakespeare recipe.
 NANOGPT_CPU = (
     "config/train_shakespeare_char.py --device=cpu --compile=False --eval_iters=20 --log_interval=1 "
@@ -86,7 +84,7 @@ def run_nanogpt(tree: Path, env: dict[str, str]) -> tuple[float, float]:
 
 def run_ours(scratch: Path, n: int, env: dict[str, str], *extra: str) -> tuple[float, float]:
     run = scratch / f"ours-{n}"
-    command = [sys.executable, "train.py", *OURS, f"data.path={SHAKESPEARE}", f"hydra.run.dir={run}", *extra]
+    command = [sys.executable, "train.py", *OURS, f"data.path={common.shakespeare()}", f"hydra.run.dir={run}", *extra]
     wall, _ = timed(command, ROOT, env)
     metrics = common.finished_metrics(run, "train.py")
     shutil.rmtree(run)
@@ -102,12 +100,11 @@ def main() -> None:
         raise SystemExit(f"error: --repeats must be at least 1, got {args.repeats}")
     if not (args.nanogpt / "train.py").is_file() or not (args.nanogpt / "model.py").is_file():
         raise SystemExit(f"error: --nanogpt {args.nanogpt}: no nanoGPT checkout there (train.py and model.py)")
-    if not SHAKESPEARE.is_file():
-        raise SystemExit(f"error: Tiny Shakespeare not found at {SHAKESPEARE}; set TINYSHAKESPEARE=/path/to/input.txt")
+    common.shakespeare()  # found (or downloaded) before the first run, or said in one line
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with tempfile.TemporaryDirectory() as tmp:
         scratch = Path(tmp)
-        tree = nanogpt_copy(args.nanogpt, SHAKESPEARE, scratch)
+        tree = nanogpt_copy(args.nanogpt, common.shakespeare(), scratch)
         env["TINYGPT2_CACHE"] = str(scratch / "cache")  # a cache of this benchmark's own, made next
         print("making our token cache (a one-step run, untimed) ...", flush=True)
         run_ours(scratch, 0, env, "trainer.max_steps=1", "optim.warmup_steps=0")

@@ -33,8 +33,15 @@ from data.tokenizer import build_tokenizer, load_pretrained, pretrained_files, s
 log = logging.getLogger(__name__)
 
 
-DROPOUT_KEYS = ("dropout", "dropout_copies")
+DROPOUT_KEYS = ("dropout", "dropout_copies", "dropout_any_size")
 LARGE_COPIES = 10**9  # bytes of BPE-dropout encodings beyond which preparing them says what they cost
+# BPE-dropout's encodings are made only of a training split below this many characters, unless
+# tokenizer.dropout_any_size: they improved validation only where the run passed over the text about
+# nine times or more (Tiny Shakespeare's 1.0M training characters, the pydoc text's 0.42M; at six passes
+# they cost), which the default run's 4.6M tokens do up to about 1.5M characters (bench/LOG.md, the
+# fourth and ninth rounds and the offline fallback). Above it they would tokenize the text eight times
+# for no gain (bench/LOG.md, "Data preparation": 0.07 of the library's speed on 5 MB).
+DROPOUT_MAX_TRAIN_CHARS = 1_500_000
 
 
 def dropout_of(cfg) -> tuple[float, int]:
@@ -47,8 +54,11 @@ def dropout_of(cfg) -> tuple[float, int]:
 def tokenizer_identity(cfg, given: Tokenizer | None) -> dict[str, Any]:
     """What decides the tokens, for the cache key: the tokenizer's settings (and the files of a
     pretrained one), or the whole of a given one; and BPE-dropout's, when it is on (off, it leaves the
-    key as it was before the setting existed, so entries made then are found)."""
-    dropout = dict(zip(DROPOUT_KEYS, dropout_of(cfg), strict=True))
+    key as it was before the setting existed, so entries made then are found; so does
+    dropout_any_size unset, which changes no entry of a text below DROPOUT_MAX_TRAIN_CHARS)."""
+    dropout = dict(zip(DROPOUT_KEYS[:2], dropout_of(cfg), strict=True))
+    if dropout["dropout"] and cfg.get("dropout_any_size"):
+        dropout["dropout_any_size"] = True
     if given is not None:
         return {"given": given.to_str(), **(dropout if dropout["dropout"] else {})}
     settings = OmegaConf.to_container(cfg, resolve=True) if OmegaConf.is_config(cfg) else dict(cfg)
@@ -107,6 +117,8 @@ def prepare_tokens(
     counts = encoding.run(tokenizer, shards, progress)
     check_training_tokens(counts, source.label)
     meta = {"format": FORMAT_VERSION, "dtype": dtype.name, "vocab_size": vocab_size, "source": source.label, **counts}
+    if copies and not dropout_pays(tokenizer_cfg, counts["train_chars"]):
+        copies = 0
     if copies:
         meta.update(dropout_encodings(staging, encoding, dropped, dropout, copies, counts["train_tokens"]))
     join_shards(shards, len(read_records(shards, dtype.name)), staging)
@@ -188,6 +200,22 @@ def check_training_tokens(counts: dict[str, int], label: str) -> None:
             f"{label} holds no training text: it is too short to leave any once its validation share "
             "(data.val_fraction) is taken; give a longer text"
         )
+
+
+def dropout_pays(cfg, train_chars: int) -> bool:
+    """Whether BPE-dropout's encodings are made of a training split of train_chars characters: below
+    DROPOUT_MAX_TRAIN_CHARS, or at any size with tokenizer.dropout_any_size; said when they are not."""
+    if train_chars < DROPOUT_MAX_TRAIN_CHARS or cfg.get("dropout_any_size"):
+        return True
+    log.info(
+        "tokenizer.dropout=%s: no BPE-dropout encodings of the %s training characters; they pay only on a text "
+        "below %s characters, which a run passes over many times (bench/LOG.md); tokenizer.dropout_any_size=true "
+        "makes them at any size",
+        cfg.get("dropout"),
+        f"{train_chars:,}",
+        f"{DROPOUT_MAX_TRAIN_CHARS:,}",
+    )
+    return False
 
 
 def dropout_encodings(

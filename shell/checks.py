@@ -355,6 +355,7 @@ SPEC: dict[str, Any] = {
     "tokenizer.dropout": Number(min=0, below=1),
     "tokenizer.dropout_copies": Number(whole=True, min=1, max=64),  # each a copy of train.bin on disk
     "tokenizer.allow_normalized": Flag(),  # train on the text as a pretrained tokenizer's normalizer rewrites it
+    "tokenizer.dropout_any_size": Flag(),
     "data.source": Choice(tuple(SOURCES)),
     "data.path": PathText(optional=True),
     "data.url": Text(optional=True),

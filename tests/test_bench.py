@@ -113,8 +113,9 @@ def test_a_benchmark_refuses_a_bad_count_in_one_line(script, args, said):
 def test_prepare_ends_on_the_preparations_own_line_when_the_disk_fills_part_way(tmp_path):
     """The disk filling during the preparation (after the check of room up front) ended in a DataError
     traceback from the child process, then a second line from the benchmark."""
+    text = plays(tmp_path.parent / f"{tmp_path.name}-plays.txt")  # outside TMPDIR, which must end empty
     env = {**script_environment(None, "cache_enospc:1"), "TMPDIR": str(tmp_path)}
-    proc = run_script("bench/prepare.py", "--mb", "1", env=env, timeout=300)
+    proc = run_script("bench/prepare.py", "--mb", "1", f"--shakespeare={text}", env=env, timeout=300)
     assert proc.returncode == 1
     assert "Traceback" not in proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
