@@ -5,6 +5,7 @@ of one line that says what to write instead; `parse_overrides` reads them with H
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shlex
 from typing import Any
@@ -86,7 +87,8 @@ class Composer:
                     raise CommandLineError(unknown_setting(key, self.defaults, overrides, chosen))
 
     def compose(self, overrides: list[str], with_hydra: bool = False) -> dict:
-        """The composed config; `with_hydra`: Hydra's own settings too (under "hydra", unresolved)."""
+        """The composed config; `with_hydra`: Hydra's own settings too (under "hydra", unresolved but for
+        the run and sweep folders: hydra.run.dir=outputs/${now:%H-%M} as it names a folder now)."""
         from hydra import compose
         from hydra.errors import HydraException, MissingConfigException, OverrideParseException
 
@@ -94,6 +96,9 @@ class Composer:
             cfg = compose("train", overrides=overrides, return_hydra_config=with_hydra)
             hydra_cfg = OmegaConf.to_container(cfg.hydra, resolve=False) if with_hydra else None
             if with_hydra:
+                for mode in ("run", "sweep"):
+                    with contextlib.suppress(Exception):  # (one Hydra can resolve only as it runs: left as it is)
+                        hydra_cfg[mode]["dir"] = OmegaConf.select(cfg, f"hydra.{mode}.dir")
                 with open_dict(cfg):
                     del cfg["hydra"]
             values = OmegaConf.to_container(cfg, resolve=True)

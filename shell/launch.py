@@ -22,9 +22,13 @@ from shell.run_folder import (
     RunFolder,
     RunFolderError,
     adopt,
+    check_hydra_folder,
     claim,
     claim_new_folder,
+    given_value,
+    hydra_override,
     process_rank,
+    whole_path,
 )
 from shell.settings import check, continue_settings, matches
 from shell.sweep_launch import SweepLaunch
@@ -91,14 +95,12 @@ class Launch(SweepLaunch):
 
     def __init__(self, args: list[str], claim_folders: bool = True):
         self.claim_folders = claim_folders
-        self.args = [as_trainer_argument(a) for a in args]
+        self.args = [whole_path(as_trainer_argument(a)) for a in args]  # runs_root=/tmp/ü日: one folder
         self.flags = [a for a in self.args if a.startswith("-")]
         self.overrides = [a for a in self.args if not a.startswith("-")]
         self.user = [o for o in self.overrides if not o.lstrip("+~").startswith("hydra.")]
         self.hydra_overrides = [o for o in self.overrides if o.lstrip("+~").startswith("hydra.")]
-        self.hydra = {
-            k: v.strip("'\"") for k, v in (o.lstrip("+").split("=", 1) for o in self.hydra_overrides if "=" in o)
-        }
+        self.hydra = {o.lstrip("+").split("=", 1)[0]: given_value(o) for o in self.hydra_overrides if "=" in o}
         self.multirun = any(f in ("-m", "--multirun") for f in self.flags)
         self.first = process_rank() == 0  # of the processes of a multi-process launch
         self.defaults: dict | None = None  # the config with no overrides, composed once
@@ -126,7 +128,7 @@ class Launch(SweepLaunch):
                 "train.py composes configs/train.yaml: put your own config files in configs/ (e.g. "
                 "configs/experiment/mine.yaml) and choose them with experiment=mine"
             )
-        check_places({k: v for k, v in (o.split("=", 1) for o in self.overrides if "=" in o)})
+        check_places({o.split("=", 1)[0]: given_value(o) for o in self.overrides if "=" in o})
         with Composer() as composer:
             self.defaults = composer.defaults  # what each job's named settings are told from
             if self.multirun:
@@ -141,7 +143,9 @@ class Launch(SweepLaunch):
                     "hparams_search is a search over many runs: add -m (python train.py -m hparams_search=optuna ...)"
                 )
             requested = composer.compose(self.user + self.hydra_overrides, with_hydra=True)
-            requested.pop("hydra")
+            hydra_settings = requested.pop("hydra")
+            if self.hydra.get("hydra.run.dir"):  # the folder it names now (outputs/${now:%H-%M}: this minute's)
+                self.hydra["hydra.run.dir"] = str(hydra_settings["run"]["dir"])
             named = named_settings(self.user, requested, composer.defaults)
         folder, checkpoint, restarting = self.choose(requested, named)
         if checkpoint is not None:
@@ -184,7 +188,9 @@ class Launch(SweepLaunch):
 
     def new_run(self, folder: RunFolder | None, requested: dict, restarting: bool) -> list[str]:
         check(requested)
+        check_hydra_folder(folder.path if folder is not None else RunFolder(requested["runs_root"]).path)
         args = resume.without(self.args, "hydra.run.dir")
+        chosen_by = None  # the setting that named the folder: none for a new one under runs_root
         if folder is not None:
             chosen_by = (
                 "hydra.run.dir" if self.hydra.get("hydra.run.dir") else f"run folder of this job ({folder.path.name})"
@@ -207,19 +213,27 @@ class Launch(SweepLaunch):
             folder = adopt(claim_new_folder(requested["runs_root"])).folder
         else:
             return args
-        return [*args, f"hydra.run.dir={folder.path}"]
+        if resume.asked(requested) == "auto" and self.first:
+            print(resume.nothing_to_continue(requested, folder, own_folder=chosen_by is not None))
+        return [*args, hydra_override("hydra.run.dir", folder.path)]
 
     def resumed(self, folder: RunFolder, checkpoint: Path, requested: dict, named: list[str]) -> list[str]:
         """Continue the run at folder from checkpoint: its settings, with what the command line may
         change (checked now), the folder locked, Hydra's record of this command kept apart."""
         continue_settings(checkpoint, requested, named, group_choices(self.user))
+        check_hydra_folder(folder.path)
         if self.first:
             folder.check_continuable()
         if self.first and self.claim_folders:
             claim(folder, new=False)
         kept = resume.without(self.args, "hydra.run.dir", "hydra.output_subdir")
         record = RunFolder.resume_record(datetime.now().strftime("%Y-%m-%d_%H-%M-%S"))
-        return [*kept, f"{resume.KEY}={checkpoint}", f"hydra.run.dir={folder.path}", f"hydra.output_subdir={record}"]
+        return [
+            *kept,
+            hydra_override(resume.KEY, checkpoint),
+            hydra_override("hydra.run.dir", folder.path),
+            hydra_override("hydra.output_subdir", record),
+        ]
 
 
 def check_command_line(args: list[str]) -> str | None:

@@ -17,6 +17,7 @@ from shell.run_folder import (
     RunFolder,
     RunFolderError,
     folder_of,
+    given_value,
     launcher_folder,
     launcher_restarted,
     resumable_runs,
@@ -36,8 +37,9 @@ def is_resume(override: str) -> bool:
 
 
 def given(overrides: Iterable[str]) -> list[str]:
-    """The values the resume= overrides of a command line give, in order ("" where one is empty)."""
-    return [o.partition("=")[2] for o in overrides if "=" in o and is_resume(o)]
+    """The values the resume= overrides of a command line give, as Hydra reads them, in order ("" where
+    one is empty)."""
+    return [given_value(o) for o in overrides if "=" in o and is_resume(o)]
 
 
 def without(args: Iterable[str], *keys: str) -> list[str]:
@@ -90,6 +92,15 @@ def choose(requested: dict, explicit: str | None, first: bool, matches) -> tuple
                 print(f"this job was restarted by its scheduler: continuing {here.path}", file=sys.stderr)
             return here, checkpoint.resolve(), False
     return here, None, restarted
+
+
+def nothing_to_continue(requested: dict, folder: RunFolder, own_folder: bool) -> str:
+    """resume=auto's one line where it found no run to continue: what it looked for, and the new run it
+    starts. `own_folder`: the folder was named (hydra.run.dir, a launcher's job), not searched for."""
+    if own_folder:
+        return f"resume=auto: {folder.path} holds no checkpoint to continue from; starting a new run there"
+    root = RunFolder(requested["runs_root"]).path
+    return f"resume=auto: no unfinished run under {root} has these settings; starting a new run in {folder.path}"
 
 
 def newest_matching_run(requested: dict, first: bool, matches) -> tuple[RunFolder | None, Path | None, bool]:

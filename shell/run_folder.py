@@ -145,7 +145,7 @@ class RunFolder:
 
     def continue_command(self) -> str:
         """The command that continues this run, quoted so that it can be pasted as it is printed."""
-        return f"python {script('train.py')} {shlex.quote(f'resume={self.path}')}"
+        return f"python {script('train.py')} {shlex.quote(typed_override('resume', self.path))}"
 
     def other_files(self, ours: tuple[str, ...] = STARTING_FILES) -> list[str]:
         """Names in the folder beyond `ours`: by default, what a run holds as it starts."""
@@ -406,11 +406,13 @@ class RunFolder:
         except Exception:  # (Hydra's grammar error: the override is repeated as it was)
             return override
         paths = given if isinstance(given, list) else [given]
-        if not all(isinstance(path, str) and "'" not in path for path in paths):
-            return override  # (null, or a value Hydra's grammar would need escaped)
+        if not all(isinstance(path, str) for path in paths):
+            return override  # (null)
         written = []
         for path in (os.path.join(started_in, os.path.expanduser(path)) for path in paths):
-            written.append(path if re.fullmatch(r"[\w./-]+", path) else f"'{path}'")
+            written.append(
+                path if re.fullmatch(r"[\w./-]+", path, re.ASCII) else hydra_quoted(path, interpolations=True)
+            )
         return f"{key}=[{','.join(written)}]" if isinstance(given, list) else f"{key}={written[0]}"
 
     def started_in(self) -> str | None:
@@ -611,7 +613,92 @@ def script(name: str) -> str:
 
 def sweep_continue_command(sweep: str | os.PathLike) -> str:
     """The command that continues a sweep stopped part way, quoted to be pasted as it is printed."""
-    return f"python {script('train.py')} -m {shlex.quote(f'resume={RunFolder(sweep).path}')}"
+    return f"python {script('train.py')} -m {shlex.quote(typed_override('resume', RunFolder(sweep).path))}"
+
+
+# ---- folders on Hydra's command line -----------------------------------------------------------------
+
+# Settings that name a folder (or the run to continue), whose value train.py takes whole as typed: a
+# path with letters beyond ASCII, a comma, =, spaces, quotes or brackets, which Hydra's grammar reads
+# otherwise or not at all. These are never swept.
+WHOLE_PATH_KEYS = ("runs_root", "latest_link", "hydra.run.dir", "hydra.sweep.dir", "resume")
+
+
+def hydra_quoted(value: str, interpolations: bool = False) -> str:
+    """value as a quoted string of Hydra's override grammar, which Hydra reads back as value: each ' and
+    the backslashes before it escaped, as are backslashes at its end; ${ kept as OmegaConf's
+    interpolation (`interpolations`), or else escaped, as are the backslashes before it."""
+    if not interpolations:
+        value = re.sub(r"(\\*)\$\{", lambda found: found[1] * 2 + "\\${", value)
+    value = re.sub(r"(\\*)'", lambda found: found[1] * 2 + "\\'", value)
+    return "'" + value + "\\" * (len(value) - len(value.rstrip("\\"))) + "'"
+
+
+def hydra_reading(override: str) -> Any:
+    """An override as Hydra's grammar reads it (its Override); the grammar's exception where it cannot."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    return OverridesParser.create().parse_override(override)
+
+
+def given_value(override: str) -> str:
+    """The value of key=value as Hydra reads it where that is one string (quotes and escapes read),
+    else the text after the first = (a number, a list, a sweep, or what the grammar cannot read)."""
+    try:
+        value = hydra_reading(override).value()
+    except Exception:  # Hydra's grammar error
+        value = None
+    return value if isinstance(value, str) else override.partition("=")[2]
+
+
+def hydra_override(key: str, value: str | os.PathLike) -> str:
+    """key=value for Hydra itself (hydra.run.dir=, resume=, ... that train.py writes): plain where Hydra
+    reads it as exactly value, quoted where not (a letter beyond ASCII, a comma, ${, a space at its end...)."""
+    value = str(value)
+    try:
+        plain = "${" not in value and "\\" not in value and hydra_reading(f"{key}={value}").value() == value
+    except Exception:  # Hydra's grammar error
+        plain = False
+    return f"{key}={value}" if plain else f"{key}={hydra_quoted(value)}"
+
+
+def whole_path(override: str) -> str:
+    """An override of a folder setting (WHOLE_PATH_KEYS) as typed, made what Hydra reads as the one path
+    it names: its value quoted, where Hydra's grammar reads several values (a comma), or cannot read it
+    (letters beyond ASCII, =, quotes, brackets). Interpolations (${now:...}) stay; a value that starts
+    with ~ is left for the refusal that says to write $HOME. resume= is read whole only where that path
+    exists (resume=a,b names several runs, refused as such). Other overrides are returned as they are."""
+    key, equals, value = override.partition("=")
+    if not equals or key.lstrip("+") not in WHOLE_PATH_KEYS or value.startswith("~"):
+        return override
+    try:
+        parsed = hydra_reading(override)
+        one = not parsed.is_sweep_override() and not isinstance(parsed.value(), list | dict)
+    except Exception:  # Hydra's grammar error
+        return f"{key}={hydra_quoted(value, interpolations=True)}"
+    if one or (key.lstrip("+") == "resume" and not os.path.lexists(os.path.expanduser(value))):
+        return override
+    return f"{key}={hydra_quoted(value, interpolations=True)}"
+
+
+def check_hydra_folder(path: str | os.PathLike) -> None:
+    """A run or sweep folder Hydra can be given: Hydra reads its own record of the folder again as a
+    setting, where ${ is a reference to another, so a path with ${ in it is refused before anything is made."""
+    if "${" in str(path):
+        raise RunFolderError(
+            f"{path} has ${{ in its path, which Hydra reads as a reference to a setting; rename that folder, or "
+            "run in another (runs_root=DIR, hydra.run.dir=DIR, or from another folder)"
+        )
+
+
+def typed_override(key: str, path: str | os.PathLike) -> str:
+    """key=path as one types it to train.py (before the shell's quotes): plain where train.py reads it
+    back as path (whole_path, or Hydra's grammar), Hydra's quoted form where not (${, a backslash
+    Hydra would read as an escape, a space at either end)."""
+    path, plain = str(path), f"{key}={path}"
+    if "${" not in path and whole_path(plain) != plain:  # taken whole: exactly path
+        return plain
+    return hydra_override(key, path)
 
 
 def launcher_run_name(environ=os.environ) -> str | None:

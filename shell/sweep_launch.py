@@ -22,8 +22,10 @@ from shell.run_folder import (
     Claim,
     RunFolder,
     RunFolderError,
+    check_hydra_folder,
     claim_new_folder,
     claim_sweep,
+    hydra_override,
     launcher_folder,
     launcher_restarted,
     run_where_started,
@@ -120,6 +122,8 @@ class SweepLaunch:
         composed = composer.compose(
             fixed + [o.input_line for o in hydra_parsed if not o.is_sweep_override()], with_hydra=True
         )
+        if self.hydra.get("hydra.sweep.dir"):  # the folder it names now (multirun/${now:%H-%M}: this minute's)
+            self.hydra["hydra.sweep.dir"] = str(composed["hydra"]["sweep"]["dir"])
         sweeper = composed["hydra"].get("sweeper") or {}
         searching = "optuna" in str(sweeper.get("_target_", "")).lower()
         if searching:
@@ -138,6 +142,7 @@ class SweepLaunch:
     def sweep_folder(self) -> list[str]:
         if self.hydra.get("hydra.sweep.dir"):
             folder = Path(self.hydra["hydra.sweep.dir"]).expanduser()
+            check_hydra_folder(folder.absolute())
             owner = RunFolder(folder).held_by() if folder.is_dir() else None
             if owner:
                 raise RunFolderError(
@@ -151,14 +156,16 @@ class SweepLaunch:
                 )
             if self.claim_folders:
                 claim_sweep(Claim.make(RunFolder(folder)))
-            return self.args
+            given = [a for a in self.args if a.lstrip("+").partition("=")[0] != "hydra.sweep.dir"]
+            return [*given, hydra_override("hydra.sweep.dir", folder)]  # as it names a folder now
+        check_hydra_folder(Path(SWEEPS_ROOT).absolute())
         if not self.claim_folders:
             return self.args
         shared = launcher_folder(SWEEPS_ROOT)  # torchrun, SLURM: every process derives the same folder
         if shared is not None:  # the launch's other processes may already be starting their jobs in it
             check_launch_sweep(shared.path)
-            return [*self.args, f"hydra.sweep.dir={shared.path}"]
-        return [*self.args, f"hydra.sweep.dir={claim_sweep(claim_new_folder(SWEEPS_ROOT)).folder.path}"]
+            return [*self.args, hydra_override("hydra.sweep.dir", shared.path)]
+        return [*self.args, hydra_override("hydra.sweep.dir", claim_sweep(claim_new_folder(SWEEPS_ROOT)).folder.path)]
 
     def continued_sweep(self, composer: Composer, given: str, requeued: bool = False) -> list[str]:
         """-m resume=SWEEP: the sweep's own command line again (from the folder it was started in), into
@@ -239,7 +246,7 @@ class SweepLaunch:
             *self.flags,
             *started.task,
             *recorded,
-            f"hydra.sweep.dir={folder}",
+            hydra_override("hydra.sweep.dir", folder),
             f"hydra.output_subdir=${{{JOB_RECORD}:}}",
         ]
 
@@ -286,7 +293,7 @@ class SweepLaunch:
         shared = launcher_folder(SWEEPS_ROOT)
         if shared is None or self.hydra.get("hydra.sweep.dir"):
             return self.args
-        return [*self.args, f"hydra.sweep.dir={shared.path}"]
+        return [*self.args, hydra_override("hydra.sweep.dir", shared.path)]
 
 
 def open_study_storage(storage) -> None:
