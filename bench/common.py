@@ -52,14 +52,25 @@ def shakespeare() -> Path:
 
 
 def finished_metrics(run: Path, what: str) -> dict[str, float]:
-    """The final metrics a train.py run recorded in its result.json. A run that a signal sent to it
-    alone stopped early exits 0 too, with no final validation: refused in one line."""
+    """The final metrics a train.py run recorded in its result.json; one that a signal stopped early has
+    no final validation: refused in one line."""
     from shell.run_folder import RunFolder
 
     result = RunFolder(run).read_result()
     if not result.get("finished"):
-        raise SystemExit(f"error: {what} was stopped before its end (a signal sent to it); it has no figures")
+        raise SystemExit(stopped_early(what))
     return result["metrics"]
+
+
+def stopped_early(what: str) -> str:
+    return f"error: {what} was stopped before its end (a signal sent to it); it has no figures"
+
+
+def refuse_stopped(proc: subprocess.CompletedProcess, what: str) -> None:
+    """A train.py run that a signal sent to it alone stopped early exits 130 or 143, with its checkpoint
+    and no final figures: refused in one line."""
+    if proc.returncode in [128 + stop for stop in STOPS]:
+        raise SystemExit(stopped_early(what))
 
 
 STOPS = (signal.SIGINT, signal.SIGTERM)

@@ -73,6 +73,7 @@ def run(overrides: str, budget: str, text: str, seconds: int) -> dict:
         started = time.perf_counter()
         proc = common.run([sys.executable, "train.py", *args], cwd=ROOT)
         wall = time.perf_counter() - started
+        common.refuse_stopped(proc, f"train.py {overrides}")
         if proc.returncode != 0:
             raise SystemExit(f"error: train.py {overrides} failed:\n{proc.stderr[-3000:]}")
         metrics = common.finished_metrics(Path(tmp) / "run", f"train.py {overrides}")

@@ -70,6 +70,7 @@ def timed(command: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, st
     started = time.perf_counter()
     proc = common.run(command, cwd=cwd, env=env)
     wall = time.perf_counter() - started
+    common.refuse_stopped(proc, " ".join(command[1:2]))
     if proc.returncode != 0:
         raise SystemExit(f"error: {' '.join(command[:3])} ... failed in {cwd}:\n{proc.stderr[-3000:]}")
     return wall, proc.stdout + proc.stderr

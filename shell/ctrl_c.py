@@ -1,4 +1,4 @@
-"""Ctrl-C (and SIGTERM) outside the training loop, which stops at the end of a step of its own
+"""Ctrl-C (and SIGTERM) outside the training loop, which stops after a micro-batch of its own
 (shell.stop.GracefulStop). train.py holds them while Hydra's code and the command line's checks run
 (hold_ctrl_c), and takes them as KeyboardInterrupt in between (release_ctrl_c); a stop then takes back
 what the process made, unless the run has a checkpoint to continue from, and says which
@@ -206,7 +206,7 @@ def held_ctrl_c(signum, frame) -> None:
 
 
 def interrupt(signum, frame) -> NoReturn:
-    """Ctrl-C, or SIGTERM, outside the training loop (which stops at the end of a step, GracefulStop): a
+    """Ctrl-C, or SIGTERM, outside the training loop (which stops after a micro-batch, GracefulStop): a
     KeyboardInterrupt, which takes back what the run made as for Ctrl-C."""
     _STOPPED_BY.append(signum)
     raise KeyboardInterrupt

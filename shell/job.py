@@ -11,6 +11,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -195,7 +196,8 @@ def ended_by_error(err: Exception, hydra_cfg: DictConfig, requested: dict, overr
 
 def report_result(result: RunResult, hydra_cfg: DictConfig) -> float | None:
     """How a run that trained ended, said by the first process: stopped (with how to continue it, which
-    ends a sweep), or done (with its metrics and how to sample from it); returns its final val/bpc."""
+    ends a sweep, and exits 130 or 143), or done (with its metrics and how to sample from it); returns its
+    final val/bpc."""
     from shell.run import describe_metrics
 
     run_dir = Path(hydra_cfg.runtime.output_dir)
@@ -212,8 +214,9 @@ def report_result(result: RunResult, hydra_cfg: DictConfig) -> float | None:
         if multirun:
             summarize(Path(hydra_cfg.sweep.dir))
             log.warning("the sweep stops here; %s", how_to_continue_sweep(Path(hydra_cfg.sweep.dir)))
-            sys.exit(0)
-        return None
+        # 128 + the signal's number, as a stop before training exits (shell.ctrl_c): `train.py && next`,
+        # a scheduler or CI must not take a stopped run (or sweep) for a finished one
+        sys.exit(128 + signal.Signals[result.stopped_by or "SIGINT"])
     of = " (val/bpc of the text as the tokenizer's normalizer rewrites it: tokenizer.allow_normalized)"
     log.info("done: %s%s", describe_metrics(result.metrics), of if result.rewritten else "")
     log.info("run folder: %s", result.run_dir)

@@ -271,22 +271,44 @@ def check(values: dict[str, Any], new_run: bool = True) -> tuple[dict[str, Any],
     return copy.deepcopy(values), world_size
 
 
+# The most micro-batches per optimizer step (and device) a run may take. GPT-3's and LLaMA's global
+# batches, some 4M tokens, cut into micro-batches of a single 64-token sequence are 65,536: no sensible
+# run takes more. More is a slip (tokens_per_step=2**30, a figure in bytes), and such a run would only
+# seem to hang: a million micro-batches before the weights first change, hours of a tiny model's time.
+MAX_ACCUMULATION = 65_536
+
+
+class TooManyMicroBatches(SettingError):
+    """A global batch of more than MAX_ACCUMULATION micro-batches per step."""
+
+
 def global_batch(values: dict[str, Any], world_size: int) -> tuple[int, int]:
     """(tokens per optimizer step, micro-batches per step and device), from tokens_per_step (the global
     batch, in tokens) or, left null, from trainer.accumulate_grad_batches; the global batch stays the
-    same when the number of devices changes."""
+    same when the number of devices changes. More than MAX_ACCUMULATION micro-batches is refused."""
     batch, block = values["data"]["batch_size"], values["model"]["block_size"]
     micro = batch * block * world_size
     tokens = values.get("tokens_per_step")
     if tokens is None:
         accumulation = values["trainer"].get("accumulate_grad_batches") or 1
-        return micro * accumulation, accumulation
-    if tokens < micro or tokens % micro:
+        given = f"trainer.accumulate_grad_batches={accumulation} is {accumulation:,} micro-batches"
+        fix = f"trainer.accumulate_grad_batches={MAX_ACCUMULATION} or less"
+    elif tokens < micro or tokens % micro:
         raise SettingError(
             f"tokens_per_step={tokens} is not a multiple of data.batch_size x model.block_size x devices = "
             f"{batch} x {block} x {world_size} = {micro}; use e.g. {max(1, round(tokens / micro)) * micro}"
         )
-    return tokens, tokens // micro
+    else:
+        accumulation = tokens // micro
+        given = f"tokens_per_step={tokens} is {accumulation:,} micro-batches"
+        fix = f"tokens_per_step={MAX_ACCUMULATION * micro} or less (the global batch in tokens)"
+    if accumulation > MAX_ACCUMULATION:
+        raise TooManyMicroBatches(
+            f"{given} of data.batch_size x model.block_size x devices = {batch} x {block} x {world_size} = "
+            f"{micro:,} tokens per optimizer step, more than the {MAX_ACCUMULATION:,} any sensible run takes (a "
+            f"step would seem to hang); use {fix}, or a larger data.batch_size"
+        )
+    return micro * accumulation, accumulation
 
 
 # ---- resolving ---------------------------------------------------------------------------------------
@@ -447,6 +469,8 @@ def continue_settings(
     changed = {key: (was, lookup(values, key)) for key, was in before.items() if lookup(values, key) != was}
     try:
         global_batch(values, world_size)
+    except TooManyMicroBatches:
+        raise
     except SettingError:
         batch, block = values["data"]["batch_size"], values["model"]["block_size"]
         raise SettingError(

@@ -79,6 +79,12 @@ README_ROWS = {
         "tokens_per_step=1000 is not a multiple of data.batch_size x model.block_size x devices = 32 x 32 x 1 = 1024; "
         "use e.g. 1024",
     ),
+    "a global batch of more than 65,536 micro-batches (`tokens_per_step=1073741824`)": (
+        ["tokens_per_step=1073741824"],
+        "tokens_per_step=1073741824 is 1,048,576 micro-batches of data.batch_size x model.block_size x devices = "
+        "32 x 32 x 1 = 1,024 tokens per optimizer step, more than the 65,536 any sensible run takes (a step would "
+        "seem to hang); use tokens_per_step=67108864 or less (the global batch in tokens), or a larger data.batch_size",
+    ),
     "a missing run to resume": (
         ["resume=outputs/nope"],
         "resume=outputs/nope does not exist; give a run folder, a checkpoint in one, or resume=auto",

@@ -67,8 +67,8 @@ def test_bench_train_stopped_in_the_training_loop_ends_in_one_line(tmp_path):
 
 
 def test_quality_refuses_a_run_that_a_signal_stopped_before_its_end(tmp_path):
-    """A signal sent to train.py alone stops it early, with its checkpoint, and exit status 0: its
-    result.json holds no final validation."""
+    """A signal sent to train.py alone stops it early, with its checkpoint, and exit status 130: it has no
+    final validation."""
     tiny = "model.n_layer=1 model.n_head=2 model.n_embd=32 tokenizer.vocab_size=300"
     env = script_environment(None, "sigint:2")
     proc = run_script("bench/quality.py", "--budget=75s", "--text=pydoc", "--seconds=20", "--runs", tiny, env=env)

@@ -203,7 +203,7 @@ def test_an_interrupted_run_resumed_as_printed_trains_on_the_same_encodings(smal
         time.sleep(0.01)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=600)
-    assert proc.returncode == 0, err[-2000:]
+    assert proc.returncode == 130, err[-2000:]
     assert "BPE-dropout 0.1: the training split encoded" not in out + err  # the reference's entry, found
     (run,) = runs_under(tmp_path / "outputs")
     [printed] = [line.split("Continue with: ", 1)[1] for line in (out + err).splitlines() if "Continue with: " in line]

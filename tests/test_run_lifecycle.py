@@ -133,7 +133,7 @@ def test_the_printed_resume_command_continues_the_run_bit_for_bit(small_text, tm
         time.sleep(0.01)
     proc.send_signal(signal.SIGINT)
     out, err = finish(proc)
-    assert proc.returncode == 0, err[-2000:]
+    assert proc.returncode == 130, err[-2000:]  # stopped, not finished
     (run,) = runs_under(tmp_path / "outputs")
     settings_before, tokenizer_before = (run / "config.yaml").read_bytes(), (run / "tokenizer.json").read_bytes()
     printed = [line.split("Continue with: ", 1)[1] for line in (out + err).splitlines() if "Continue with: " in line]
@@ -549,7 +549,7 @@ def test_a_sweep_stopped_by_ctrl_c_and_its_job_continued_as_printed(small_text, 
         time.sleep(0.01)
     proc.send_signal(signal.SIGINT)
     out, err = finish(proc)
-    assert proc.returncode == 0, err[-2000:]
+    assert proc.returncode == 130, err[-2000:]  # a stopped sweep is not a finished one
     (sweep,) = tmp_path.glob("multirun/*/*")
     assert not (sweep / "1").exists()  # the sweep stopped with the job under way
     rows = list(csv.DictReader(open(sweep / "summary.csv")))
@@ -760,7 +760,7 @@ def test_ctrl_c_before_a_sweep_job_has_a_checkpoint_takes_the_sweep_back(small_t
             proc.kill()
         assert "Traceback" not in err and proc.returncode in (0, 130, -signal.SIGINT), (delay, err[-2000:])
         if sweep.exists():  # stopped in training: the job is kept, with its checkpoint
-            assert proc.returncode == 0 and any((sweep / "0" / "checkpoints").glob("*.ckpt")), (delay, err[-2000:])
+            assert proc.returncode == 130 and any((sweep / "0" / "checkpoints").glob("*.ckpt")), (delay, err[-2000:])
         elif proc.returncode == 130:  # (-SIGINT: stopped during the imports, before anything was made)
             assert err.rstrip().splitlines()[-1].startswith("stopped before"), err[-500:]
     assert not (tmp_path / "multirun").exists()
@@ -872,7 +872,7 @@ def test_a_second_sweep_into_the_folder_of_one_under_way_is_refused(small_text, 
     )
     assert continued.returncode == 1  # nor continued while it runs, whatever the command line
     assert one_error_line(continued.stderr).startswith(f"error: the sweep {sweep} is under way (process {first.pid} ")
-    assert first.returncode == 0, err[-2000:]  # stopped with a checkpoint, as a sweep's Ctrl-C does
+    assert first.returncode == 130, err[-2000:]  # stopped with a checkpoint, as a sweep's Ctrl-C does
     rows = list(csv.DictReader(open(sweep / "summary.csv")))
     assert [r["optim.lr"] for r in rows] == ["0.001"]  # the first sweep's own job, nothing of the second's
 
@@ -938,7 +938,9 @@ def test_a_search_stopped_by_ctrl_c_leaves_no_trial_running_in_its_stored_study(
     search = ["-m", "hparams_search=optuna", "hydra.sweeper.storage=sqlite:///search.db", *TINY_OVERRIDES]
     search += [f"data.path={small_text}", "trainer.max_time=null", "optim.warmup_steps=0"]
     stopped = run_script("train.py", *search, "hydra.sweeper.n_trials=2", cwd=tmp_path, failpoint="sigint:3")
-    assert stopped.returncode == 0 and "the sweep stops here" in stopped.stdout + stopped.stderr, stopped.stderr[-2000:]
+    assert stopped.returncode == 130 and "the sweep stops here" in stopped.stdout + stopped.stderr, stopped.stderr[
+        -2000:
+    ]
     later = run_script("train.py", *search, "hydra.sweeper.n_trials=1", cwd=tmp_path)
     assert later.returncode == 0, later.stderr[-2000:]
     study = optuna.load_study(study_name="tinygpt2", storage=f"sqlite:///{tmp_path / 'search.db'}")
@@ -1149,7 +1151,7 @@ def test_a_second_process_on_a_running_run_is_refused(small_text, tmp_path):
     finally:
         proc.send_signal(signal.SIGINT)
         finish(proc)
-    assert proc.returncode == 0
+    assert proc.returncode == 130
     RunFolder(run).lock()  # free again once the process has ended
     RunFolder(run).unlock()
 

@@ -11,7 +11,8 @@ TINYGPT2_FAILPOINT holds comma-separated points, each `name:first[-last]` in opt
     kill_end:5    SIGKILL the process when training has ended at step 5 and its last checkpoint is
                   written, before the run's result is recorded
     kill_val:5    SIGKILL the process as the validation after step 5 begins
-    sigint:5      send the process SIGINT (Ctrl-C) as step 5 begins
+    sigint:5      send the process SIGINT (Ctrl-C) as step 5 begins (its first micro-batch)
+    sigterm:5     send the process SIGTERM (`kill`, a scheduler's stop) as step 5 begins
     ctrl_c_save:5 send the process SIGINT twice (Ctrl-C, and again) halfway through writing the first
                   checkpoint file of step 5
     nan:3-5       make the loss of steps 3 to 5 not a number
@@ -67,8 +68,8 @@ def kill_now() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def interrupt_now() -> None:
-    os.kill(os.getpid(), signal.SIGINT)
+def interrupt_now(signum: int = signal.SIGINT) -> None:
+    os.kill(os.getpid(), signum)
 
 
 # ---- the training loop -----------------------------------------------------------------------------
@@ -94,6 +95,8 @@ def fault_callbacks():
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
             if self.early and once("sigint", trainer.global_step + 1):
                 interrupt_now()
+            if self.early and once("sigterm", trainer.global_step + 1):
+                interrupt_now(signal.SIGTERM)
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
             step = trainer.global_step
