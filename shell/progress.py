@@ -1,14 +1,35 @@
-"""The training progress bar: optimizer steps (or the time budget) with the loss, the latest validation
-and tokens per second; console log lines are written above it."""
+"""The training progress: on a terminal, a bar of optimizer steps (or the time budget) with the loss, the
+latest validation and tokens per second, console log lines written above it; where the output is a
+file or a pipe (nohup, a cluster's job log, CI), plain lines, at most one every LINE_SECONDS, and one
+after each validation."""
 
 from __future__ import annotations
 
 import logging
 import sys
 import time
+from collections.abc import Callable
+from typing import IO
 
+from lightning.pytorch.callbacks import ProgressBar as LightningProgressBar
 from lightning.pytorch.callbacks import Timer, TQDMProgressBar
 from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
+
+LINE_SECONDS = 30.0  # the shortest time between two progress lines in a log file (validations add theirs)
+
+
+def progress_callback(accumulation: int, stream: IO | None = None) -> LightningProgressBar:
+    """The run's progress, for where it is shown (`stream`, sys.stdout unless given): the bar on a
+    terminal; plain lines elsewhere, where each redraw of a bar would be one more line of the log."""
+    stream = sys.stdout if stream is None else stream
+    return ProgressBar(accumulation) if on_a_terminal(stream) else ProgressLines()
+
+
+def on_a_terminal(stream: IO | None) -> bool:
+    try:
+        return bool(stream is not None and stream.isatty())
+    except (AttributeError, ValueError):  # a stand-in without isatty, or a closed stream
+        return False
 
 
 class BudgetBar(Tqdm):
@@ -198,3 +219,102 @@ class ProgressBar(TQDMProgressBar):
         for logger in self.lifted:
             logger.handlers = [h.console if isinstance(h, AboveTheBars) else h for h in logger.handlers]
         self.lifted.clear()
+
+
+class ProgressLines(LightningProgressBar):
+    """The run's progress as plain lines, for output that is not a terminal: while training, one line
+    at most every `interval` seconds (step, loss, tokens per second, time left), one after each
+    validation (its loss and bits per character), and one at the last step. Being Lightning's progress
+    bar callback, it stands in for Lightning's own bar. `clock`: seconds, time.monotonic unless a test
+    gives its own; `out`: where the lines go, sys.stdout as it is at each line unless given."""
+
+    def __init__(
+        self, clock: Callable[[], float] = time.monotonic, interval: float = LINE_SECONDS, out: IO | None = None
+    ) -> None:
+        super().__init__()
+        self.clock, self.interval, self.out = clock, interval, out
+        self.enabled = True
+        self.started_at = self.written_at = 0.0
+        self.start_step = self.seen_step = 0  # the step this run started from, and the last one seen
+        self.written_step = -1  # the step of the last training line
+        self.timer: Timer | None = None  # the time budget, for runs limited by time
+
+    def disable(self) -> None:  # (Lightning's call, in processes other than the first)
+        self.enabled = False
+
+    def enable(self) -> None:
+        self.enabled = True
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.started_at = self.written_at = self.clock()
+        self.start_step = self.seen_step = trainer.global_step
+        timers = [c for c in trainer.callbacks if isinstance(c, Timer) and c.time_remaining() is not None]
+        self.timer = timers[0] if trainer.max_steps <= 0 and timers else None
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        step = trainer.global_step
+        if step == self.seen_step:
+            return  # accumulating: the optimizer step is not finished yet
+        self.seen_step = step
+        last = 0 < trainer.max_steps <= step
+        if last or self.clock() - self.written_at >= self.interval:
+            self.write_training_line(trainer, pl_module)
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        values = pl_module.latest_val_values
+        if trainer.sanity_checking or "val/loss" not in values:
+            return
+        figures = [f"val_loss {values['val/loss']:.3f}"]
+        if "val/bpc" in values:
+            figures.append(f"val_bpc {values['val/bpc']:.3f}")
+        self.write(" | ".join([self.step_words(trainer), *figures]))
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        if trainer.global_step not in (self.written_step, self.start_step):  # stopped early, or by time
+            self.write_training_line(trainer, pl_module)
+
+    def write_training_line(self, trainer, pl_module) -> None:
+        """A line such as: step 120/1814 | loss 2.410 | 11,200 tok/s | 2m31s left"""
+        values = pl_module.latest_train_values
+        figures = [self.step_words(trainer)]
+        if "train/loss" in values:
+            figures.append(f"loss {values['train/loss']:.3f}")
+        if "train/tokens_per_sec" in values:
+            figures.append(f"{values['train/tokens_per_sec']:,.0f} tok/s")
+        figures += [words] if (words := self.time_words(trainer)) else []
+        self.write(" | ".join(figures))
+        self.written_step = trainer.global_step
+
+    def step_words(self, trainer) -> str:
+        return (
+            f"step {trainer.global_step}/{trainer.max_steps}"
+            if trainer.max_steps > 0
+            else f"step {trainer.global_step}"
+        )
+
+    def time_words(self, trainer) -> str | None:
+        """The time left: of the time budget, or at this run's own pace (since it started or resumed);
+        at the end, the time it took."""
+        now, step = self.clock(), trainer.global_step
+        if self.timer is not None:
+            left = self.timer.time_remaining() or 0.0
+        elif step > self.start_step and trainer.max_steps > 0:
+            left = (now - self.started_at) / (step - self.start_step) * max(0, trainer.max_steps - step)
+        else:
+            return None
+        return f"{duration(left)} left" if left > 0 else f"took {duration(now - self.started_at)}"
+
+    def write(self, line: str) -> None:
+        if self.enabled:
+            print(line, file=self.out or sys.stdout, flush=True)
+            self.written_at = self.clock()
+
+
+def duration(seconds: float) -> str:
+    """45s, 2m31s, 1h02m"""
+    seconds = max(0, round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"

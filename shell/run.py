@@ -27,7 +27,7 @@ from shell.errors import USER_ERRORS, ProcessLost, RunWriteError, TrackerError, 
 from shell.flops import device_peak_flops, remember_rate
 from shell.init_from import Start
 from shell.loggers import build_loggers, finish_loggers
-from shell.progress import ProgressBar
+from shell.progress import progress_callback
 from shell.run_folder import Claim, RunFolder, claim
 from shell.settings import precision_words, resolve, resolve_resumed
 from shell.stop import GracefulStop
@@ -206,7 +206,8 @@ def fit(
     loggers = build_loggers(settings.values.get("logger") or {}, folder, settings.resume_step)
     start_loggers(loggers, settings.saved())
     stop = GracefulStop()
-    callbacks = [ProgressBar(settings.accumulation)] if settings.trainer["enable_progress_bar"] else []
+    # the bar on a terminal, plain lines in a log file (shell.progress)
+    callbacks = [progress_callback(settings.accumulation)] if settings.trainer["enable_progress_bar"] else []
     extras = Extras(
         loggers=loggers,
         callbacks=[*callbacks, stop, *extra_callbacks],

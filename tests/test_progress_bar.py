@@ -1,13 +1,20 @@
-"""The progress bar as a user sees it: train.py run in a subprocess with its output sent to a log file
-(no terminal), or under a pseudo-terminal, and the output read back the way a terminal shows it."""
+"""The progress bar as a user sees it: train.py run in a subprocess under a pseudo-terminal, and the
+output read back the way a terminal shows it. (Where the output is a log file, a run writes plain
+lines instead: tests/test_plain_logs.py.)"""
 
 from __future__ import annotations
 
+import fcntl
+import os
+import pty
 import re
+import select
 import shlex
 import signal
+import struct
 import subprocess
 import sys
+import termios
 import time
 from pathlib import Path
 
@@ -21,23 +28,18 @@ BAR = "training:"
 NO_STEP_LIMIT = "1099511627775"  # the batches of a run limited by time (data.datamodule), not a total to show
 STEPS_BAR = re.compile(r"^training: +\d+%\|.*\| (\d+)/(\S+) \[(\S+)<(\S+),")
 TIME_BAR = re.compile(r"^training: +(\d+)%\|.*\| (\d\d):(\d\d)/(\d\d:\d\d) \[step (\d+)")
+CURSOR = re.compile(r"\x1b\[\d*[A-Za-z]")  # a terminal's cursor moves, as tqdm writes them
 
 
 def bar_args(small_text: Path, *extra: str) -> list[str]:
     return [*TINY_OVERRIDES, f"data.path={small_text}", "trainer.enable_progress_bar=true", *extra]
 
 
-def read(log: Path) -> str:
-    """A log as written: read_text would turn its carriage returns into newlines."""
-    return log.read_bytes().decode("utf-8", errors="replace")
-
-
-def run_to_file(args: list[str], cwd: Path, log: Path) -> subprocess.CompletedProcess:
-    """python train.py ARGS > log 2>&1"""
-    with open(log, "w") as out:
-        return subprocess.run(
-            [sys.executable, str(ROOT / "train.py"), *args], cwd=cwd, stdout=out, stderr=subprocess.STDOUT, timeout=600
-        )
+def in_terminal(args: list[str], cwd: Path) -> str:
+    """All that `python train.py ARGS` printed in a terminal; the run must succeed."""
+    status, output = run_in_terminal("train.py", *args, cwd=cwd)
+    assert status == 0, output[-3000:]
+    return output
 
 
 def screen(output: str) -> list[str]:
@@ -71,25 +73,41 @@ def spent(state: re.Match) -> int:
 
 def drawn(output: str) -> list[str]:
     """Every state the training bar was drawn in, in order."""
-    return [part.strip() for part in re.split(r"[\r\n]", output) if part.strip().startswith(BAR)]
+    parts = (CURSOR.sub("", part).strip() for part in re.split(r"[\r\n]", output))
+    return [part for part in parts if part.startswith(BAR)]
 
 
-def run_until_drawn(args: list[str], cwd: Path, log: Path, ready) -> str:
-    """The log of `python train.py ARGS > log 2>&1` stopped with SIGINT (as Ctrl-C stops it) once its
-    bar has been drawn in a state that satisfies `ready`."""
-    with open(log, "w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "train.py"), *args], cwd=cwd, stdout=out, stderr=subprocess.STDOUT
-        )
-        deadline = time.time() + 300
-        while not any(ready(line) for line in drawn(read(log))):
-            if proc.poll() is not None or time.time() > deadline:
-                proc.kill()
-                pytest.fail(f"the run ended or stalled before its bar showed what was waited for:\n{read(log)[-3000:]}")
-            time.sleep(0.05)
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=300) == 130, read(log)[-3000:]  # stopped with a checkpoint
-    return read(log)
+def in_terminal_until_drawn(args: list[str], cwd: Path, ready) -> str:
+    """All that `python train.py ARGS` printed in a terminal, stopped with SIGINT (as Ctrl-C stops it)
+    once its bar has been drawn in a state that satisfies `ready`; the run must end well."""
+    main, child = pty.openpty()
+    fcntl.ioctl(child, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 120, 0, 0))
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "train.py"), *args], cwd=cwd, stdin=child, stdout=child, stderr=child
+    )
+    os.close(child)
+    printed, stopped, deadline = bytearray(), False, time.time() + 300
+    try:
+        while time.time() < deadline:
+            if select.select([main], [], [], 0.05)[0]:
+                try:
+                    chunk = os.read(main, 65536)
+                except OSError:  # the terminal's other end closed: the process is done
+                    break
+                if not chunk:
+                    break
+                printed += chunk
+            if not stopped and any(ready(line) for line in drawn(printed.decode("utf-8", errors="replace"))):
+                proc.send_signal(signal.SIGINT)
+                stopped = True
+    finally:
+        os.close(main)
+        if proc.poll() is None and not stopped:
+            proc.kill()
+    output = printed.decode("utf-8", errors="replace")
+    assert stopped, f"the run ended or stalled before its bar showed what was waited for:\n{output[-3000:]}"
+    assert proc.wait(timeout=300) == 130, output[-3000:]  # stopped with a checkpoint
+    return output
 
 
 def resume_command(log: str) -> list[str]:
@@ -98,39 +116,18 @@ def resume_command(log: str) -> list[str]:
     return shlex.split(command)[2:]
 
 
-# ---- a log file ------------------------------------------------------------------------------------------
-
-
-def test_a_log_file_gets_no_line_per_validation_batch(small_text, tmp_path):
-    log = tmp_path / "log.txt"
-    args = bar_args(small_text, "trainer.max_steps=6", "trainer.val_check_interval=2", "trainer.limit_val_batches=10")
-    args.append("trainer.log_every_n_steps=10")  # longer than the run: its last step's values are logged all the same
-    assert run_to_file(args, tmp_path, log).returncode == 0, read(log)[-3000:]
-    output = read(log)
-    assert "Validation" not in output and "\x1b[" not in output, output[-3000:]
-    assert "logging interval" not in output  # Lightning's advice to log more often, which the run does not need
-    lines = screen(output)
-    assert len(lines) < 40, "\n".join(lines)  # the run's own lines, not one per redraw or validation batch
-    bars = [line for line in lines if line.startswith(BAR)]
-    assert len(bars) == 1 and STEPS_BAR.match(bars[0]).group(1, 2) == ("6", "6"), bars  # the final bar, once
-    assert "`Trainer.fit` stopped: `max_steps=6` reached." in lines
-
-
 def test_validations_closer_together_than_a_redraw_still_move_the_bar_on(small_text, tmp_path):
     # a validation redraws the bar with its figures; if it drew the count of before it, steps done
     # between validations a fifth of a second apart would never be shown
-    log = tmp_path / "log.txt"
     args = bar_args(small_text, "trainer.max_steps=30", "trainer.val_check_interval=3", "trainer.limit_val_batches=2")
-    assert run_to_file(args, tmp_path, log).returncode == 0, read(log)[-3000:]
-    shown = {int(STEPS_BAR.match(line)[1]) for line in drawn(read(log)) if STEPS_BAR.match(line)}
+    output = in_terminal(args, tmp_path)
+    shown = {int(STEPS_BAR.match(line)[1]) for line in drawn(output) if STEPS_BAR.match(line)}
     assert set(range(3, 31, 3)) <= shown, sorted(shown)  # the steps done at each validation, and the end
 
 
 def test_a_run_limited_by_time_shows_the_time_spent_of_its_budget(small_text, tmp_path):
-    log = tmp_path / "log.txt"
     args = bar_args(small_text, "trainer.max_steps=-1", "trainer.max_time=00:00:00:06", "trainer.val_check_interval=50")
-    assert run_to_file(args, tmp_path, log).returncode == 0, read(log)[-3000:]
-    output = read(log)
+    output = in_terminal(args, tmp_path)
     assert NO_STEP_LIMIT not in output.replace(",", "")
     states = [TIME_BAR.match(line) for line in drawn(output)]
     assert states and all(states), drawn(output)
@@ -152,9 +149,9 @@ def test_a_resumed_run_keeps_its_total_and_time_left(small_text, tmp_path):
     def reached(step):
         return lambda line: (found := STEPS_BAR.match(line)) is not None and int(found[1]) >= step
 
-    stopped = run_until_drawn(args, tmp_path, tmp_path / "first.log", reached(2))
+    stopped = in_terminal_until_drawn(args, tmp_path, reached(2))
     at = int(re.search(r"stopped by SIGINT at step (\d+)", stopped)[1])
-    resumed = run_until_drawn(resume_command(stopped), tmp_path, tmp_path / "resumed.log", reached(at + 3))
+    resumed = in_terminal_until_drawn(resume_command(stopped), tmp_path, reached(at + 3))
     states = [STEPS_BAR.match(line) for line in drawn(resumed)]
     assert states and all(states), drawn(resumed)
     assert {s[2] for s in states} == {str(steps)}  # never "n/?"
@@ -168,11 +165,10 @@ def test_a_resumed_run_limited_by_time_goes_on_from_the_time_it_had_spent(small_
     def started(line):
         return (found := TIME_BAR.match(line)) is not None and spent(found) >= 2
 
-    stopped = run_until_drawn(args, tmp_path, tmp_path / "first.log", started)
-    log = tmp_path / "resumed.log"
-    assert run_to_file(resume_command(stopped), tmp_path, log).returncode == 0, read(log)[-3000:]
-    states = [TIME_BAR.match(line) for line in drawn(read(log))]
-    assert states and all(states), drawn(read(log))
+    stopped = in_terminal_until_drawn(args, tmp_path, started)
+    resumed = in_terminal(resume_command(stopped), tmp_path)
+    states = [TIME_BAR.match(line) for line in drawn(resumed)]
+    assert states and all(states), drawn(resumed)
     assert {s[4] for s in states} == {"00:12"}
     assert spent(states[0]) >= 2  # the time spent up to the stop's checkpoint counts
     assert spent(states[-1]) >= 12 and states[-1][1] == "100"

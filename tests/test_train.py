@@ -103,6 +103,7 @@ def test_the_progress_bar_redraws_at_most_so_often_and_ends_on_the_last_step(sma
     from shell.progress import ProgressBar
 
     monkeypatch.setattr(ProgressBar, "REDRAW_SECONDS", 1e9)  # only the first and last steps and validations redraw
+    monkeypatch.setattr("shell.progress.on_a_terminal", lambda stream: True)  # the bar, where pytest captures stdout
     cfg = compose_config(
         *TINY_OVERRIDES, f"data.path={small_text}", "trainer.enable_progress_bar=true", "trainer.max_steps=12"
     )

@@ -6,9 +6,11 @@ from __future__ import annotations
 import logging
 import os
 import re
+import tempfile
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -146,13 +148,37 @@ class TextSamples(L.Callback):
                 out.write(f"## step {step}, prompt {prompt!r}\n\n```\n{text}\n```\n\n")
         for logger in trainer.loggers:
             if isinstance(logger, WandbLogger):
-                table = [[step, prompt, text] for prompt, text in rows]
-                logger.log_text("samples", columns=["step", "prompt", "text"], data=table, step=step)
+                log_wandb_table(logger, step, rows)
             elif isinstance(logger, TensorBoardLogger):
                 for i, (prompt, text) in enumerate(rows):
                     logger.experiment.add_text(
                         f"samples/{i}", f"**{prompt}**\n\n    " + text.replace("\n", "\n    "), step
                     )
+
+
+def log_wandb_table(logger: WandbLogger, step: int, rows: list[tuple[str, str]]) -> None:
+    """The samples as a wandb table. wandb writes the table into a temporary folder before it stages it
+    for its log; that folder is made in the wandb run's own tmp/, not the system's, where a process that
+    ends without cleaning up (killed) would leave a copy of the samples."""
+    run = logger.experiment
+    table = [[step, prompt, text] for prompt, text in rows]
+    with temporary_files_in(None if run.disabled else Path(run.dir).parent / "tmp"):
+        logger.log_text("samples", columns=["step", "prompt", "text"], data=table, step=step)
+
+
+@contextmanager
+def temporary_files_in(folder: Path | None) -> Iterator[None]:
+    """The temporary files and folders Python's tempfile makes meanwhile go into `folder` (made if need
+    be); with None, into the system's temporary folder as always."""
+    if folder is None:
+        yield
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    before, tempfile.tempdir = tempfile.tempdir, str(folder)
+    try:
+        yield
+    finally:
+        tempfile.tempdir = before
 
 
 class LossCurve(L.Callback):
