@@ -21,7 +21,7 @@ CPU_WITH_BF16 = Machine(cuda=False, bf16=False, triton=False, cpu_bf16=True)
 GPU = Machine(cuda=True, bf16=True, triton=True, cpu_bf16=True)
 
 
-def tiny(n_layer: int = 1) -> GPTConfig:
+def tiny_config_of(n_layer: int = 1) -> GPTConfig:
     return GPTConfig(n_layer=n_layer, n_head=2, n_embd=32, block_size=16, vocab_size=64)
 
 
@@ -54,7 +54,7 @@ def test_what_the_first_line_says_of_a_measurement():
 
 
 def test_nothing_is_probed_without_bf16_instructions_on_a_gpu_or_with_a_precision_given(probe_cache_here):
-    shape = (tiny(), 4)
+    shape = (tiny_config_of(), 4)
     assert choose_precision(None, "cpu", CPU_WITHOUT_BF16, shape) == "32-true"
     assert choose_precision(None, "auto", GPU, shape) == "bf16-mixed"  # a GPU's rule: no CPU probe
     assert choose_precision("32-true", "cpu", CPU_WITH_BF16, shape) == "32-true"
@@ -67,7 +67,7 @@ def test_nothing_is_probed_without_bf16_instructions_on_a_gpu_or_with_a_precisio
 def test_the_probe_times_the_shape_once_and_keeps_it(probe_cache_here):
     """For real, on a tiny shape: both precisions trained and timed, the result kept in the cache file
     under this processor, torch and shape, and found there again rather than measured again."""
-    config = tiny(n_layer=2)
+    config = tiny_config_of(n_layer=2)
     chosen = choose_precision(None, "cpu", CPU_WITH_BF16, (config, 4))
     [(key, entry)] = json.loads(probe_cache_here.read_text()).items()
     assert key == probe_key(config, 4) and "n_layer=2" in key and "batch_size=4" in key and "torch " in key
@@ -80,7 +80,7 @@ def test_the_probe_times_the_shape_once_and_keeps_it(probe_cache_here):
 
 def test_a_kept_probe_decides_without_timing_again(probe_cache_here):
     """A probe in the cache file (by an earlier run) decides: here one that found bf16 1.5x as fast."""
-    config = tiny(n_layer=3)
+    config = tiny_config_of(n_layer=3)
     probe_cache_here.parent.mkdir(parents=True)
     kept = Measured(fp32_step_s=0.03, bf16_step_s=0.02, bf16_speed=1.5)
     probe_cache_here.write_text(json.dumps({probe_key(config, 4): kept._asdict()}))

@@ -19,7 +19,7 @@ JOSE = "josé, a=b"  # the issue's folder: an accent, a comma and =
 ODD = "it's [1] {x} (y) $HOME ü日, a=b \\ end "  # a quote, brackets, $, a backslash, a space at its end
 
 
-def tiny(small_text: Path, *extra: str) -> list[str]:
+def run_args_in(small_text: Path, *extra: str) -> list[str]:
     return [*TINY_OVERRIDES, f"data.path={small_text}", "checkpoint.every_n_steps=2", *extra]
 
 
@@ -54,7 +54,7 @@ def result(run: Path) -> dict:
 def test_the_quick_start_runs_in_a_folder_named_jose_a_b_and_continues_as_printed(small_text, tmp_path):
     here = tmp_path / JOSE
     here.mkdir()
-    stopped = run_script("train.py", *tiny(small_text), cwd=here, failpoint="sigint:4")  # Ctrl-C at step 4
+    stopped = run_script("train.py", *run_args_in(small_text), cwd=here, failpoint="sigint:4")  # Ctrl-C at step 4
     assert stopped.returncode == 0, said(stopped)[-3000:]
     (run,) = runs_under(here / "outputs")
     command = printed_after("Continue with: ", stopped)
@@ -72,7 +72,7 @@ def test_a_run_goes_into_any_folder_typed_and_resume_auto_says_it_starts_a_new_r
     """runs_root=/tmp/ü日..., hydra.run.dir=... typed as the shell passes them (no quotes of Hydra's); with
     resume=auto and nothing to continue there, one line says what was looked for and that a new run starts."""
     place = tmp_path / ODD / "runs"
-    args = tiny(small_text)
+    args = run_args_in(small_text)
     if setting == "runs_root":
         args = [a for a in args if not a.startswith("latest_link=")]  # ${runs_root}/latest, in that folder too
     proc = run_script("train.py", *args, f"{setting}={place}", "resume=auto", cwd=tmp_path)
@@ -93,7 +93,7 @@ def test_a_run_goes_into_any_folder_typed_and_resume_auto_says_it_starts_a_new_r
 def test_a_sweep_into_such_a_folder_continues_as_printed(small_text, tmp_path):
     here = tmp_path / JOSE
     here.mkdir()
-    args = ["-m", *tiny(small_text), "optim.lr=1e-3,2e-3", f"hydra.sweep.dir={ODD}"]  # relative to here
+    args = ["-m", *run_args_in(small_text), "optim.lr=1e-3,2e-3", f"hydra.sweep.dir={ODD}"]  # relative to here
     stopped = run_script("train.py", *args, cwd=here, failpoint="sigint:4")  # job 0 stopped at step 4
     assert stopped.returncode == 0, said(stopped)[-3000:]
     sweep = here / ODD
@@ -123,7 +123,7 @@ def test_a_sweep_into_such_a_folder_continues_as_printed(small_text, tmp_path):
 def test_a_refused_start_in_or_into_such_a_folder_leaves_nothing(folder, args, said_, small_text, tmp_path):
     here = tmp_path / folder
     here.mkdir()
-    proc = run_script("train.py", *tiny(small_text), *args, cwd=here)
+    proc = run_script("train.py", *run_args_in(small_text), *args, cwd=here)
     assert proc.returncode == 1
     assert said_ in one_error_line(proc.stderr)
     assert not any(here.iterdir()) and [p.name for p in tmp_path.iterdir()] == [folder]

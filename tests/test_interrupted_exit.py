@@ -41,7 +41,7 @@ from tests.common import (
 ACCUMULATED = ("tokens_per_step=1024", "model.dropout=0.1")
 
 
-def args_for(small_text: Path, *extra: str) -> list[str]:
+def stop_args(small_text: Path, *extra: str) -> list[str]:
     return [*TINY_OVERRIDES, f"data.path={small_text}", *extra]  # 6 steps, validated after steps 3 and 6
 
 
@@ -53,7 +53,7 @@ def references(small_text, tmp_path_factory):
     def reference(*extra: str) -> Path:
         if extra not in made:
             run = tmp_path_factory.mktemp("reference") / "run"
-            done = run_script("train.py", *args_for(small_text, *extra), f"hydra.run.dir={run}")
+            done = run_script("train.py", *stop_args(small_text, *extra), f"hydra.run.dir={run}")
             assert done.returncode == 0, done.stderr[-2000:]
             made[extra] = run
         return made[extra]
@@ -82,7 +82,7 @@ def test_a_run_stopped_while_training_exits_with_the_signals_status_and_continue
     failpoint, extra, status, continues_from, references, small_text, tmp_path
 ):
     run = tmp_path / "run"
-    stopped = run_script("train.py", *args_for(small_text, *extra), f"hydra.run.dir={run}", failpoint=failpoint)
+    stopped = run_script("train.py", *stop_args(small_text, *extra), f"hydra.run.dir={run}", failpoint=failpoint)
     said = stopped.stdout + stopped.stderr
     assert stopped.returncode == status and "Traceback" not in said, said[-2000:]
     name = signal.Signals(status - 128).name
@@ -102,7 +102,7 @@ def test_a_run_stopped_while_training_exits_with_the_signals_status_and_continue
 def test_a_stopped_run_does_not_go_on_to_the_next_command_of_a_script(small_text, tmp_path):
     """`python train.py ... && echo finished`, as a script or a CI job chains the next step after it."""
     run = tmp_path / "run"
-    command = shlex.join([sys.executable, str(ROOT / "train.py"), *args_for(small_text), f"hydra.run.dir={run}"])
+    command = shlex.join([sys.executable, str(ROOT / "train.py"), *stop_args(small_text), f"hydra.run.dir={run}"])
     stopped = subprocess.run(
         ["bash", "-c", f"{command} && echo finished"],
         cwd=tmp_path,
@@ -123,7 +123,7 @@ def test_a_stopped_run_does_not_go_on_to_the_next_command_of_a_script(small_text
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_a_sweep_stopped_while_a_job_trains_exits_with_the_signals_status(sig, small_text, tmp_path):
-    args = ["-m", *args_for(small_text), "optim.lr=1e-3,2e-3"]
+    args = ["-m", *stop_args(small_text), "optim.lr=1e-3,2e-3"]
     stopped = run_script("train.py", *args, cwd=tmp_path, failpoint=f"{sig.name.lower()}:3")
     said = stopped.stdout + stopped.stderr
     assert stopped.returncode == 128 + sig and "Traceback" not in said, said[-2000:]
@@ -143,7 +143,7 @@ def test_sigterm_inside_a_step_of_hundreds_of_micro_batches_stops_within_seconds
     run = tmp_path / "run"
     proc = start_script(
         "train.py",
-        *args_for(small_text, *extra),
+        *stop_args(small_text, *extra),
         f"hydra.run.dir={run}",
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
