@@ -24,6 +24,7 @@ import pickle
 import random
 import re
 import shlex
+import shutil
 import zipfile
 import zlib
 from dataclasses import dataclass, field
@@ -660,3 +661,27 @@ def link_last(link: Path, target: Path) -> None:
     tmp.unlink(missing_ok=True)
     tmp.symlink_to(target.name)
     os.replace(tmp, link)
+
+
+def share(source: Path, target: Path) -> None:
+    """Make `target` the same file as `source`, a checkpoint beside it holding the same step's state: a
+    hard link, so that the disk holds the state once (deleting either leaves the other whole), or a copy
+    where the file system has no hard links. Target is replaced whole, as save replaces a file."""
+    source, target = Path(source), Path(target)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    tmp.unlink(missing_ok=True)
+    try:
+        try:
+            os.link(source, tmp)
+        except OSError:
+            with open(source, "rb") as src, open(tmp, "wb") as out:
+                shutil.copyfileobj(src, out)
+                out.flush()
+                os.fsync(out.fileno())
+        os.replace(tmp, target)
+        fsync_dir(target.parent)
+    except BaseException as err:
+        tmp.unlink(missing_ok=True)
+        if isinstance(err, OSError):  # named by the checkpoint's own path, not the hidden file's
+            raise OSError(err.errno, err.strerror, str(target)) from None
+        raise

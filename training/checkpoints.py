@@ -1,6 +1,7 @@
 """The checkpoints a run writes: `step-NNNNNN.ckpt` every so many steps (the newest few kept, `last.ckpt`
-linking the newest), `best.ckpt` at the lowest validation loss, each written whole or not at all. What a
-checkpoint holds is checkpoint.py's."""
+linking the newest), `best.ckpt` at the lowest validation loss, each written whole or not at all. Where
+best.ckpt and a step file hold the same step's state after its validation, they are one file (a hard
+link), not two copies. What a checkpoint holds is checkpoint.py's."""
 
 from __future__ import annotations
 
@@ -49,11 +50,20 @@ class PeriodicCheckpoints(L.Callback):
         trainer.save_checkpoint(path, weights_only=False)  # the whole state: weights, optimizer, loops
         self.saved_step, self.saved_validated = step, validated
         if trainer.is_global_zero:
+            best = next((c for c in trainer.callbacks if isinstance(c, BestCheckpoint)), None)
+            if validated and best is not None and best.saved_step == step:
+                # best.ckpt was written after this step's validation: the same weights, and this file
+                # holds the state of the step's end too
+                checkpoint.share(path, best.saved_to)
             checkpoint.link_last(self.last, path)
             steps = checkpoint.step_files(self.folder)
             for old in steps[: max(0, len(steps) - self.keep)]:
                 old.unlink(missing_ok=True)
         return path
+
+    def holds_validated(self, step: int) -> bool:
+        """Whether this process wrote the step's file with the state after the step's validation."""
+        return self.saved_step == step and self.saved_validated
 
     def on_train_start(self, trainer, pl_module) -> None:
         if trainer.is_global_zero:  # files of a write that was cut short; never mistaken for checkpoints
@@ -99,6 +109,18 @@ class BestCheckpoint(ModelCheckpoint):
             auto_insert_metric_name=False,
             enable_version_counter=False,
         )
+        self.saved_step = -1  # the step best.ckpt was last written at, by this process
+        self.saved_to: Path | None = None
+
+    def _save_checkpoint(self, trainer: L.Trainer, filepath: str) -> None:
+        """best.ckpt; the step's file, written after the same validation (PeriodicCheckpoints), becomes
+        the same file: it then also knows this step to be the best, which it was written too early to."""
+        super()._save_checkpoint(trainer, filepath)
+        self.saved_step = step = trainer.global_step
+        self.saved_to = Path(filepath)
+        periodic = next((c for c in trainer.callbacks if isinstance(c, PeriodicCheckpoints)), None)
+        if trainer.is_global_zero and periodic is not None and periodic.holds_validated(step):
+            checkpoint.share(self.saved_to, checkpoint.step_file(periodic.folder, step))
 
     @property
     def state_key(self) -> str:  # ModelCheckpoint's own, so that either reads the other's saved state
