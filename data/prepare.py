@@ -37,10 +37,10 @@ DROPOUT_KEYS = ("dropout", "dropout_copies", "dropout_any_size")
 LARGE_COPIES = 10**9  # bytes of BPE-dropout encodings beyond which preparing them says what they cost
 # BPE-dropout's encodings are made only of a training split below this many characters, unless
 # tokenizer.dropout_any_size: they improved validation only where the run passed over the text about
-# nine times or more (Tiny Shakespeare's 1.0M training characters, the pydoc text's 0.42M; at six passes
-# they cost), which the default run's 4.6M tokens do up to about 1.5M characters (bench/LOG.md, the
-# fourth and ninth rounds and the offline fallback). Above it they would tokenize the text eight times
-# for no gain (bench/LOG.md, "Data preparation": 0.07 of the library's speed on 5 MB).
+# nine times or more (Tiny Shakespeare's 1.0M training characters, the pydoc text's 0.42M; at 6 and 7.5
+# passes they cost), which the default run's 4.6M tokens do up to 1.3-1.6M characters (bench/LOG.md, the
+# fourth and ninth rounds and the offline fallback). Above it they tokenized the text eight times for
+# no gain (bench/LOG.md, "Data preparation", 2026-11-29: 0.10 of the library's speed on 5 MB).
 DROPOUT_MAX_TRAIN_CHARS = 1_500_000
 
 
