@@ -99,6 +99,24 @@ def test_a_run_stopped_while_training_exits_with_the_signals_status_and_continue
 
 
 @pytest.mark.slow
+def test_a_ddp_run_stopped_inside_a_step_exits_143_and_continues_bit_for_bit(references, small_text, tmp_path):
+    """Two processes of two micro-batches a step each, every one sent SIGTERM as step 4 begins (a scheduler
+    signals them all): they agree to stop after the same micro-batch, and the run continues from step 3."""
+    ddp = ("trainer.strategy=ddp", "trainer.devices=2", "trainer.accelerator=cpu")
+    extra = (*ddp, *ACCUMULATED)
+    run = tmp_path / "run"
+    stopped = run_script("train.py", *stop_args(small_text, *extra), f"hydra.run.dir={run}", failpoint="sigterm:4")
+    said = stopped.stdout + stopped.stderr
+    assert stopped.returncode == 143 and "Traceback" not in said, said[-2000:]
+    assert (
+        "SIGTERM: the step under way is dropped after 1 of its 2 micro-batches; the run continues from step 3" in said
+    )
+    resumed = run_script("train.py", f"resume={run}")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert_same_run(run, references(*extra))
+
+
+@pytest.mark.slow
 def test_a_stopped_run_does_not_go_on_to_the_next_command_of_a_script(small_text, tmp_path):
     """`python train.py ... && echo finished`, as a script or a CI job chains the next step after it."""
     run = tmp_path / "run"
