@@ -533,7 +533,7 @@ def check_sample_prompts(values: dict[str, Any], tokenizer_json: str, named: Ite
             encode_prompt(tokenizer, prompt, eot_id(tokenizer))
             kept.append(prompt)
         except PromptError as err:
-            if chosen:
+            if chosen and prompt:  # (an empty prompt is no choice: data=text's, for one)
                 raise SettingError(f"{key}: {prompt!r} cannot be a sample prompt: {err}") from None
             if prompt:
                 warn(f"{key}: the text samples leave out {prompt!r}, which this tokenizer cannot encode ({err})")

@@ -55,7 +55,7 @@ def test_the_quick_start_runs_in_a_folder_named_jose_a_b_and_continues_as_printe
     here = tmp_path / JOSE
     here.mkdir()
     stopped = run_script("train.py", *run_args_in(small_text), cwd=here, failpoint="sigint:4")  # Ctrl-C at step 4
-    assert stopped.returncode == 0, said(stopped)[-3000:]
+    assert stopped.returncode == 130, said(stopped)[-3000:]
     (run,) = runs_under(here / "outputs")
     command = printed_after("Continue with: ", stopped)
     assert f"resume={run}" in shlex.split(command)
@@ -95,7 +95,7 @@ def test_a_sweep_into_such_a_folder_continues_as_printed(small_text, tmp_path):
     here.mkdir()
     args = ["-m", *run_args_in(small_text), "optim.lr=1e-3,2e-3", f"hydra.sweep.dir={ODD}"]  # relative to here
     stopped = run_script("train.py", *args, cwd=here, failpoint="sigint:4")  # job 0 stopped at step 4
-    assert stopped.returncode == 0, said(stopped)[-3000:]
+    assert stopped.returncode == 130, said(stopped)[-3000:]
     sweep = here / ODD
     assert sorted(p.name for p in sweep.iterdir() if p.is_dir()) == ["0"]
     command = printed_after("this job and the rest, with: ", stopped)
