@@ -21,7 +21,7 @@ from typing import NamedTuple
 import torch
 
 from model import GPT, GPTConfig
-from shell.flops import cpu_flags, peak_cache
+from shell.flops import cpu_flags, peak_cache, write_cache
 from training.optim import make_adamw
 
 log = logging.getLogger(__name__)
@@ -120,14 +120,7 @@ def store(key: str, measured: Measured, cache_dir: str | os.PathLike | None = No
     """Keep a probe for later runs; a cache that cannot be written only loses it for next time."""
     known = {k: m._asdict() for k, m in stored(cache_dir).items()}
     known[key] = measured._asdict()
-    cache = probe_cache(cache_dir)
-    try:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(known, indent=2))
-        tmp.replace(cache)
-    except OSError:
-        pass
+    write_cache(probe_cache(cache_dir), known)
 
 
 def known(config: GPTConfig, batch_size: int, cache_dir: str | os.PathLike | None = None) -> Measured | None:

@@ -184,15 +184,20 @@ def record_cpu_rate(rate: float, cache_dir: str | os.PathLike | None = None, bf1
     key = cpu_key(bf16)
     if rate > known.get(key, 0.0):
         known[key] = rate
-        cache = peak_cache(cache_dir)
-        try:
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cache.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(known, indent=2))
-            tmp.replace(cache)
-        except OSError:
-            pass  # a read-only cache only loses the figure for next time
+        write_cache(peak_cache(cache_dir), known)
     return known[key]
+
+
+def write_cache(path: Path, known: dict) -> None:
+    """Write a cache file of figures measured on this machine whole (a temporary file, then renamed); a
+    read-only cache only loses them for next time."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(known, indent=2))
+        tmp.replace(path)
+    except OSError:
+        pass
 
 
 def cpu_peak_flops(cache_dir: str | os.PathLike | None = None, bf16: bool = False) -> float:
