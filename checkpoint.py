@@ -360,6 +360,15 @@ def read_header(path: str | Path) -> dict[str, Any]:
     }
 
 
+def read_loss_history(path: str | Path) -> dict[str, list[list[float]]]:
+    """The training and validation loss against tokens seen, as the run's loss curve kept them in this
+    checkpoint: {"train": [[tokens, loss], ...], "val": [...]}; empty lists where it kept none."""
+    ckpt = safe_torch_load(Path(path), mmap=True)
+    callbacks = ckpt.get("callbacks") if isinstance(ckpt, dict) else None
+    state = (callbacks or {}).get("LossCurve") or {}
+    return {split: [[float(t), float(v)] for t, v in state.get(split, [])] for split in ("train", "val")}
+
+
 def trained_offline(settings: dict[str, Any]) -> bool:
     """Whether a run with these saved settings asked for Tiny Shakespeare (data.source=shakespeare) and,
     with no copy and no network, learned the offline pydoc corpus that stands in for it instead (its

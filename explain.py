@@ -502,6 +502,25 @@ def print_kv_cache(report: dict, out) -> None:
     )
 
 
+def explain(model: GPT, tokenizer, ids: list[int], layer: int, head: int) -> dict:
+    """The whole report on token ids (at most block_size of them): the walk through one layer, the
+    per-head view and the KV-cache view. What --json prints, and what the studio's page shows."""
+    idx = torch.tensor([ids], dtype=torch.long, device=model.transformer.wte.weight.device)
+    labels = [token_label(tokenizer, i) for i in ids]
+    walked = walk_layer(model, idx, layer, head, labels)
+    attn = model.transformer.h[layer].attn
+    return {
+        "config": model.config.to_dict(),
+        "layer": layer,
+        "head": head,
+        "tokens": len(ids),
+        "steps": walked["steps"],
+        "layer_max_diff": walked["layer_max_diff"],
+        **per_head_view(attn, walked["x_ln"], walked["out"]),
+        "kv_cache": kv_cache_view(model, idx, layer, walked["out"]),
+    }
+
+
 def to_json(report: dict) -> str:
     document = {key: value for key, value in report.items() if key != "steps"}
     document["steps"] = [step.to_json() for step in report["steps"]]
@@ -567,21 +586,9 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     say_what_it_learned(loaded.config)  # (the prompt and the layer and head chosen were taken)
-    idx = torch.tensor([ids], dtype=torch.long, device=model.transformer.wte.weight.device)
-    labels = [token_label(tokenizer, i) for i in ids]
-    walked = walk_layer(model, idx, args.layer, args.head, labels)
-    attn = model.transformer.h[args.layer].attn
-    report = {
-        "config": c.to_dict(),
+    report = explain(model, tokenizer, ids, args.layer, args.head) | {
         "checkpoint": str(loaded.path),
-        "layer": args.layer,
-        "head": args.head,
-        "tokens": len(ids),
         "prompt_tokens": count,
-        "steps": walked["steps"],
-        "layer_max_diff": walked["layer_max_diff"],
-        **per_head_view(attn, walked["x_ln"], walked["out"]),
-        "kv_cache": kv_cache_view(model, idx, args.layer, walked["out"]),
     }
     if args.json:
         print(to_json(report))

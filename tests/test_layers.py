@@ -11,8 +11,8 @@ from pathlib import Path
 from tests.common import ROOT
 
 CORE = ("model", "data", "training", "generation", "checkpoint")
-SHELL = ("shell", "hydra_plugins")
-SCRIPTS = ("train", "generate", "explain", "export")
+SHELL = ("shell", "hydra_plugins", "web")
+SCRIPTS = ("train", "generate", "explain", "export", "studio")
 
 
 def module_name(path: Path) -> str:

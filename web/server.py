@@ -1,0 +1,217 @@
+"""The studio's web app: the page and the JSON API behind it, for one loaded model.
+
+    GET  /                  the page (static/index.html), /static/... its script and style
+    GET  /api/info          the model, the run, what the page may ask
+    POST /api/generate      sampling streamed as server-sent events (web.talk)
+    POST /api/attention     one layer's weights (nh, T, T) and every head's score and kind
+    POST /api/lens          the logit lens: each layer's top guesses at each position
+    POST /api/explain       explain.py's walk through one layer, as `explain.py --json` prints it
+    POST /api/copies        spans that occur word for word in the training text
+    GET  /api/history       the run's loss curves and samples
+    POST /v1/completions    OpenAI's completions format (web.completions)
+
+The model serves one request at a time (a lock): a request that comes meanwhile waits its turn.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
+from fastapi.staticfiles import StaticFiles
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from checkpoint import Loaded, trained_offline
+from generation.lens import first_layer, head_scores, logit_lens
+from generation.session import PromptError, Session
+from web import copies, history
+from web.completions import CompletionRequest, Completions
+from web.requests import (
+    BadRequest,
+    BodyLimit,
+    CopiesRequest,
+    ExplainRequest,
+    Limits,
+    TalkRequest,
+    TokensRequest,
+    bad_request,
+    http_error,
+    invalid_request,
+)
+from web.talk import Labels, talk
+
+STATIC = Path(__file__).parent / "static"
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+class Studio:
+    """One loaded model and what serves it."""
+
+    def __init__(self, loaded: Loaded, limits: Limits):
+        self.loaded, self.limits = loaded, limits
+        self.model = loaded.model
+        self.session = Session(loaded.model, loaded.tokenizer, loaded.eos_token_id)
+        self.labels = Labels(loaded.tokenizer)
+        self.lock = threading.Lock()
+        name = loaded.path.parent.parent.name if loaded.path and loaded.path.suffix == ".ckpt" else None
+        self.name = name or (loaded.path.name if loaded.path else "tinygpt2")
+        self.completions = Completions(self.session, self.name, limits)
+        self.copies = copies.Finder(loaded.config)
+
+    def info(self) -> dict:
+        c = self.model.config
+        return {
+            "model": self.name,
+            "checkpoint": str(self.loaded.path),
+            "step": self.loaded.step,
+            "config": {k: getattr(c, k) for k in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size")},
+            "offline_corpus": trained_offline(self.loaded.config),
+            "copies": self.copies.status(),
+            "limits": {"max_new_tokens": self.limits.max_new_tokens, "max_prompt_chars": self.limits.max_prompt_chars},
+        }
+
+    def window(self, ids: list[int]) -> list[int]:
+        """ids checked against the vocabulary, cut to the model's context (its last block_size)."""
+        vocab = self.model.config.vocab_size
+        wrong = next((i for i in ids if i >= vocab), None)
+        if wrong is not None:
+            raise BadRequest(f"ids: token id {wrong} is not in this model's vocabulary (0 to {vocab - 1})", "ids")
+        return ids[-self.model.config.block_size :]
+
+    def check_layer(self, layer: int, head: int | None = None) -> None:
+        c = self.model.config
+        if layer >= c.n_layer:
+            raise BadRequest(f"layer: {layer} is out of range; this model has layers 0 to {c.n_layer - 1}", "layer")
+        if head is not None and head >= c.n_head:
+            raise BadRequest(f"head: {head} is out of range; this model has heads 0 to {c.n_head - 1}", "head")
+
+    def idx(self, ids: list[int]) -> torch.Tensor:
+        return torch.tensor([ids], dtype=torch.long, device=self.model.transformer.wte.weight.device)  # (1, T)
+
+    def attention(self, request: TokensRequest) -> dict:
+        self.check_layer(request.layer)
+        ids = self.window(request.ids)
+        with self.lock:
+            weights = [w[0] for w in self.model.attention_weights(self.idx(ids))]  # each (nh, T, T)
+        scores = head_scores(weights, ids)
+        chosen = (weights[request.layer] * 1e4).round() / 1e4
+        return {
+            "layer": request.layer,
+            "labels": [self.labels(i) for i in ids],
+            "ids": ids,
+            "weights": chosen.tolist(),
+            "scores": [[vars(s) for s in layer] for layer in scores],
+        }
+
+    def lens(self, request: TokensRequest) -> dict:
+        ids = self.window(request.ids)
+        with self.lock:
+            tokens, probs = logit_lens(self.model, self.idx(ids), k=3)  # (n_layer + 1, T, 3)
+        top = [
+            [
+                [[t, self.labels(t), round(p, 5)] for t, p in zip(ts, ps, strict=True)]
+                for ts, ps in zip(layer_t, layer_p, strict=True)
+            ]
+            for layer_t, layer_p in zip(tokens.tolist(), probs.tolist(), strict=True)
+        ]
+        return {"labels": [self.labels(i) for i in ids], "ids": ids, "top": top, "first_layer": first_layer(tokens)}
+
+    def explain(self, request: ExplainRequest) -> dict:
+        import explain  # the script's walk: the page shows what `explain.py --json` prints
+
+        self.check_layer(request.layer, request.head)
+        ids = self.window(request.ids)
+        with self.lock:
+            report = explain.explain(self.model, self.session.tokenizer, ids, request.layer, request.head)
+        return explain.json.loads(explain.to_json(report))
+
+    def generate(self, request: TalkRequest) -> Iterator[str]:
+        sampling = request.model_dump()
+        if sampling["seed"] is None:
+            sampling["seed"] = random.randrange(2**31)
+        try:
+            self.session.encode(request.prompt)
+        except PromptError as err:
+            raise BadRequest(f"prompt: {err}", "prompt") from None
+        return locked(self.lock, talk(self.session, self.labels, request.prompt, sampling))
+
+    def complete(self, request: CompletionRequest):
+        if not request.stream:
+            with self.lock:
+                return self.completions.answer(request)
+        prompts, stops = self.completions.prompts(request), self.completions.check(request)
+        return StreamingResponse(
+            locked(self.lock, self.completions.chunks(request, prompts, stops)),
+            media_type="text/event-stream",
+            headers=SSE_HEADERS,
+        )
+
+
+def locked(lock: threading.Lock, events: Iterator[str]) -> Iterator[str]:
+    """events, produced while holding lock; a client that leaves part way lets it go."""
+    with lock:
+        yield from events
+
+
+def make_app(loaded: Loaded, limits: Limits | None = None) -> FastAPI:
+    limits = limits or Limits()
+    studio = Studio(loaded, limits)
+    app = FastAPI(title="tinygpt2 studio", docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_exception_handler(RequestValidationError, invalid_request)
+    app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(BadRequest, bad_request)
+    app.add_middleware(BodyLimit, limit=limits.max_body_bytes)
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+    app.state.studio = studio
+
+    @app.get("/")
+    def page() -> FileResponse:
+        return FileResponse(STATIC / "index.html")
+
+    @app.get("/api/info")
+    def info() -> dict:
+        return studio.info()
+
+    @app.post("/api/generate")
+    def generate(request: TalkRequest) -> StreamingResponse:
+        return StreamingResponse(studio.generate(request), media_type="text/event-stream", headers=SSE_HEADERS)
+
+    @app.post("/api/attention")
+    def attention(request: TokensRequest) -> dict:
+        return studio.attention(request)
+
+    @app.post("/api/lens")
+    def lens(request: TokensRequest) -> dict:
+        return studio.lens(request)
+
+    @app.post("/api/explain")
+    def explain(request: ExplainRequest) -> dict:
+        return studio.explain(request)
+
+    @app.post("/api/copies")
+    def copied(request: CopiesRequest) -> dict:
+        return studio.copies.find(request.ids, request.min_tokens)
+
+    @app.get("/api/history")
+    def learned() -> dict:
+        return history.history(loaded.path)
+
+    @app.get("/v1/models")
+    def models() -> dict:
+        return {"object": "list", "data": [{"id": studio.name, "object": "model", "owned_by": "tinygpt2"}]}
+
+    @app.post("/v1/completions", response_model=None)
+    def completions(request: CompletionRequest):
+        return studio.complete(request)
+
+    @app.exception_handler(Exception)
+    async def failed(request, err: Exception) -> JSONResponse:  # a bug of ours: said, and the server goes on
+        return JSONResponse({"error": {"message": f"{type(err).__name__}: {err}", "type": "server_error"}}, 500)
+
+    return app
