@@ -1,6 +1,6 @@
 """Every command the README and docs/ show still works as written.
 
-The commands are read from the ```bash blocks themselves. generate.py, explain.py and export.py run for
+The commands are read from the ```bash blocks themselves. generate.py, explain.py, export.py and studio.py run for
 real, in a fresh folder whose outputs/latest is a small run stopped part way; each train.py command line
 goes through everything train.py checks before it trains (composition, every setting, the run folder,
 what resume= and init_from= name), with the run and Hugging Face folders the docs name made real. The
@@ -9,8 +9,11 @@ named below, each with the reason."""
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
+import signal
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -44,7 +47,7 @@ def commands() -> list[str]:
 
 
 def runs_as_program(command: str) -> bool:
-    return command.startswith(("python generate.py", "python explain.py", "python export.py"))
+    return command.startswith(("python generate.py", "python explain.py", "python export.py", "python studio.py"))
 
 
 def test_every_command_is_run_or_named_with_its_reason():
@@ -72,7 +75,10 @@ def user_folder(tmp_path_factory, small_text) -> Path:
     return folder
 
 
-PROGRAM_COMMANDS = [c for c in commands() if runs_as_program(c) and not c.startswith("python export.py")]
+PROGRAM_COMMANDS = [
+    c for c in commands() if runs_as_program(c) and not c.startswith(("python export.py", "python studio.py"))
+]
+SERVER_COMMANDS = [c for c in commands() if c.startswith("python studio.py")]
 
 
 @pytest.mark.slow
@@ -90,6 +96,22 @@ def test_each_program_command_runs_as_written(command, user_folder):
     proc = run_script(*args, cwd=user_folder, timeout=600)
     assert proc.returncode == 0, f"{command}\n{proc.stderr[-2000:]}"
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", SERVER_COMMANDS)
+def test_each_studio_command_serves_its_page_until_ctrl_c(command, user_folder):
+    server = start_script(*shlex.split(command)[1:], cwd=user_folder, stdout=-1, stderr=-1)
+    try:
+        line = server.stdout.readline()
+        address = re.search(r"http://\S+", line)
+        assert address, line + server.stderr.read()[-2000:]
+        with urllib.request.urlopen(address.group(0) + "/api/info", timeout=60) as answer:
+            assert json.load(answer)["config"]["n_layer"] == 4
+    finally:
+        server.send_signal(signal.SIGINT)
+        _, err = server.communicate(timeout=60)
+    assert "Traceback" not in err
 
 
 TRAIN_COMMANDS = [c for c in commands() if c.startswith("python train.py") and not c.startswith(tuple(NOT_RUN))]

@@ -129,8 +129,10 @@ function addToken(token) {
   const index = text.tokens.length;
   text.tokens.push(token);
   const prompt = token.text === null;
-  const shown = prompt ? token.label.replaceAll("\u2423", " ").replaceAll("\\n", "\n") : token.text;
-  const span = el("span", { class: prompt ? "token prompt" : "token", "data-index": index, title: token.label }, shown);
+  // a token that holds only part of a character shows a dot: the character comes whole with the token that completes it
+  const shown = prompt ? token.label.replaceAll("\u2423", " ").replaceAll("\\n", "\n") : token.text || "\u00b7";
+  const kind = prompt ? "token prompt" : token.text ? "token" : "token partial";
+  const span = el("span", { class: kind, "data-index": index, title: token.label }, shown);
   if (!prompt) span.addEventListener("click", () => showAlternatives(index));
   $("output").append(span);
 }
@@ -247,13 +249,31 @@ async function showWalk() {
     return el("div", { class: "step", "data-step": step.name },
       el("div", {}, el("code", {}, step.code), " ", el("span", { class: "shape" }, "(" + step.shape.join(", ") + ")")),
       el("div", {}, step.meaning),
-      ...extra.map(([key, value]) => el("pre", {}, `${key}: ${JSON.stringify(value)}`.slice(0, 2000))));
+      ...extra.map(([key, value]) => stepValue(key, value, step)));
   });
   const checks = el("div", { class: "step" },
     el("div", {}, `the steps give the layer's own output to within ${report.layer_max_diff.toExponential(1)}; ` +
       `${report.per_head_linears} separate per-head projections give it to within ${report.per_head_max_diff.toExponential(1)}`),
     el("pre", {}, "KV cache: " + JSON.stringify(report.kv_cache)));
   $("walk").replaceChildren(...steps, checks);
+}
+
+// The causal mask as a grid, a softmax row as bars; any other value as it is.
+function stepValue(key, value, step) {
+  if (key === "mask") {
+    const labels = step.mask_labels || [];
+    const rows = value.map((row, q) => el("tr", {}, el("th", {}, labels[q] || ""),
+      ...row.map((allowed) => el("td", { class: allowed ? "allowed" : "masked" }, allowed ? "1" : "0"))));
+    return el("table", { class: "mask" }, el("tr", {}, el("th", {}), ...labels.map((l) => el("th", {}, l))), ...rows);
+  }
+  if (key === "row") {
+    const labels = text.tokens.slice(-value.length).map((t) => t.label);
+    return el("div", { class: "row" }, el("p", {}, `head ${step.head}, the last token's weights over the tokens it sees:`),
+      ...value.map((w, k) => el("div", { class: "alt" }, el("span", {}, labels[k] || String(k)),
+        el("div", { class: "bar", style: `width:${(100 * w).toFixed(1)}%` }), el("span", {}, w.toFixed(3)))));
+  }
+  if (key === "mask_labels" || key === "labels") return "";
+  return el("pre", {}, `${key}: ${JSON.stringify(value)}`.slice(0, 2000));
 }
 
 // ---- what it copied -----------------------------------------------------------------------------
@@ -344,7 +364,17 @@ async function start() {
   $("offline-note").hidden = !info.offline_corpus;
   for (const id of ["attention-layer", "walk-layer"]) fill($(id), c.n_layer);
   for (const id of ["attention-head", "walk-head"]) fill($(id), c.n_head);
-  $("copies-status").textContent = info.copies.state === "ready" ? "" : info.copies.reason || "";
+  showCopiesState(info.copies);
+}
+
+// The copy index is built in the background the first time a run is opened: ask until it is ready.
+function showCopiesState(copies) {
+  $("find-copies").disabled = copies.state !== "ready";
+  $("copies-status").textContent = copies.state === "ready" ? "" : copies.reason || "";
+  $("copies-status").dataset.state = copies.state;
+  if (copies.state === "building") {
+    setTimeout(async () => showCopiesState((await (await fetch("/api/info")).json()).copies), 2000);
+  }
 }
 
 for (const button of document.querySelectorAll("#tabs button")) button.addEventListener("click", () => openPanel(button.dataset.panel));
