@@ -4,11 +4,13 @@ studio.py started as a user starts it."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import re
 import signal
 import socket
 import subprocess
+import time
 import urllib.request
 
 import pytest
@@ -379,6 +381,23 @@ def test_studio_py_serves_the_page_and_the_api_until_ctrl_c(trained_run, tmp_pat
         )  # fmt: skip
         body = json.loads(urllib.request.urlopen(request, timeout=60).read())
         assert body["object"] == "text_completion"
+        # a client that leaves a long stream part way frees the model for the next one at once
+        port = int(address.rsplit(":", 1)[1])
+        leaving = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        leaving.request(
+            "POST",
+            "/api/generate",
+            json.dumps({"prompt": "ROMEO:", "max_new_tokens": 2048}),
+            {"Content-Type": "application/json"},
+        )
+        assert leaving.getresponse().read(500)
+        leaving.close()
+        started = time.monotonic()
+        lens = urllib.request.Request(
+            address + "/api/lens", data=b'{"ids": [1, 2, 3]}', headers={"Content-Type": "application/json"}
+        )
+        assert urllib.request.urlopen(lens, timeout=60).status == 200
+        assert time.monotonic() - started < 10
     finally:
         studio.send_signal(signal.SIGINT)
         out, err = studio.communicate(timeout=60)

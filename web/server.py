@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import random
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import anyio
 import torch
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
@@ -131,7 +132,7 @@ class Studio:
             report = explain.explain(self.model, self.session.tokenizer, ids, request.layer, request.head)
         return explain.json.loads(explain.to_json(report))
 
-    def generate(self, request: TalkRequest) -> Iterator[str]:
+    def generate(self, request: TalkRequest) -> AsyncIterator[str]:
         sampling = request.model_dump()
         if sampling["seed"] is None:
             sampling["seed"] = random.randrange(2**31)
@@ -139,7 +140,7 @@ class Studio:
             self.session.encode(request.prompt)
         except PromptError as err:
             raise BadRequest(f"prompt: {err}", "prompt") from None
-        return locked(self.lock, talk(self.session, self.labels, request.prompt, sampling))
+        return in_threads(locked(self.lock, talk(self.session, self.labels, request.prompt, sampling)))
 
     def complete(self, request: CompletionRequest):
         if not request.stream:
@@ -147,16 +148,27 @@ class Studio:
                 return self.completions.answer(request)
         prompts, stops = self.completions.prompts(request), self.completions.check(request)
         return StreamingResponse(
-            locked(self.lock, self.completions.chunks(request, prompts, stops)),
+            in_threads(locked(self.lock, self.completions.chunks(request, prompts, stops))),
             media_type="text/event-stream",
             headers=SSE_HEADERS,
         )
 
 
 def locked(lock: threading.Lock, events: Iterator[str]) -> Iterator[str]:
-    """events, produced while holding lock; a client that leaves part way lets it go."""
+    """events, produced while holding lock."""
     with lock:
         yield from events
+
+
+async def in_threads(events: Iterator[str]) -> AsyncIterator[str]:
+    """events made one at a time in worker threads (the model's work must not hold up the server). A
+    client that leaves part way cancels the response here: the events are closed at once, which ends the
+    sampling and lets the model's lock go, rather than whenever the garbage collector finds them."""
+    try:
+        while (event := await anyio.to_thread.run_sync(next, events, None)) is not None:
+            yield event
+    finally:
+        events.close()
 
 
 def make_app(loaded: Loaded, limits: Limits | None = None) -> FastAPI:
