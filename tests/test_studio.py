@@ -37,8 +37,9 @@ def trained_run(tmp_path_factory, small_text):
 
 
 @pytest.fixture(scope="module")
-def loaded(trained_run):
-    return load_checkpoint(trained_run)
+def loaded(tiny_run):
+    """A tiny model fitted in this process (tests/tiny.py): seconds, where a train.py run takes longer."""
+    return load_checkpoint(tiny_run)
 
 
 @pytest.fixture(scope="module")
@@ -189,11 +190,11 @@ def test_the_logit_lens_ends_at_the_models_own_prediction(client, loaded):
         assert all(data["top"][earlier][position][0][0] != final for earlier in range(layer))
 
 
-def test_the_walk_through_is_explain_py_json(client, loaded, trained_run, capsys):
+def test_the_walk_through_is_explain_py_json(client, loaded, tiny_run, capsys):
     ids = prompt_ids(loaded, "ROMEO:")
     page = client.post("/api/explain", json={"ids": ids, "layer": 1, "head": 1}).json()
     assert (
-        explain.main(["--json", "--ckpt", str(trained_run), "--prompt", "ROMEO:", "--layer", "1", "--head", "1"]) == 0
+        explain.main(["--json", "--ckpt", str(tiny_run), "--prompt", "ROMEO:", "--layer", "1", "--head", "1"]) == 0
     )
     printed = json.loads(capsys.readouterr().out)
     for key in ("checkpoint", "prompt_tokens"):
@@ -204,8 +205,10 @@ def test_the_walk_through_is_explain_py_json(client, loaded, trained_run, capsys
 # ---- how it learned ---------------------------------------------------------------------------------
 
 
-def test_history_holds_the_runs_loss_curves_and_its_samples(client, trained_run):
-    data = client.get("/api/history").json()
+@pytest.mark.slow
+def test_history_holds_the_runs_loss_curves_and_its_samples(trained_run):
+    with TestClient(make_app(load_checkpoint(trained_run))) as client:
+        data = client.get("/api/history").json()
     kept = read_loss_history(trained_run / "checkpoints" / "last.ckpt")
     assert data["train"] == kept["train"] and data["val"] == kept["val"]
     assert len(data["train"]) == 9 and len(data["val"]) == 3
@@ -405,13 +408,14 @@ def test_studio_py_serves_the_page_and_the_api_until_ctrl_c(trained_run, tmp_pat
     assert "warning" not in err and "Traceback" not in err
 
 
-def test_studio_py_says_in_one_line_what_is_wrong(trained_run, tmp_path):
+@pytest.mark.slow
+def test_studio_py_says_in_one_line_what_is_wrong(tiny_run, tmp_path):
     taken = socket.socket()
     taken.bind(("127.0.0.1", 0))
     taken.listen()
     try:
         port = taken.getsockname()[1]
-        done = run_script("studio.py", "--ckpt", str(trained_run), "--port", str(port), cwd=tmp_path)
+        done = run_script("studio.py", "--ckpt", str(tiny_run), "--port", str(port), cwd=tmp_path)
         assert done.returncode == 1 and f"127.0.0.1:{port}" in one_error_line(done.stderr)
     finally:
         taken.close()
@@ -424,9 +428,10 @@ def test_studio_py_says_in_one_line_what_is_wrong(trained_run, tmp_path):
         assert done.returncode == 1 and words in one_error_line(done.stderr), done.stderr
 
 
-def test_listening_beyond_this_machine_is_warned_of(trained_run, tmp_path):
+@pytest.mark.slow
+def test_listening_beyond_this_machine_is_warned_of(tiny_run, tmp_path):
     studio = start_script(
-        "studio.py", "--ckpt", str(trained_run), "--host", "0.0.0.0", "--port", str(free_port()),
+        "studio.py", "--ckpt", str(tiny_run), "--host", "0.0.0.0", "--port", str(free_port()),
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )  # fmt: skip
     try:
