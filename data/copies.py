@@ -199,8 +199,9 @@ def sort_suffixes(tokens: np.ndarray, depth: int, vocab_size: int) -> np.ndarray
     packed = min(depth, 64 // width)
     keys = packed_keys(tokens, packed, width)  # (n,) uint64
     order = np.argsort(keys, kind="stable").astype(position_dtype(n))
+    keys = keys[order]
     rank = np.empty(n, dtype=position_dtype(n))
-    rank[order] = group_starts(keys[order])
+    rank[order] = group_starts(keys)
     del keys
     sorted_by = packed
     while sorted_by < depth and n > 1:
@@ -212,52 +213,69 @@ def sort_suffixes(tokens: np.ndarray, depth: int, vocab_size: int) -> np.ndarray
 
 
 def packed_keys(tokens: np.ndarray, count: int, width: int) -> np.ndarray:
-    """(n,) uint64: tokens i .. i+count-1, each plus one, `width` bits apiece (0 past the end)."""
-    n = len(tokens)
+    """(n,) uint64: tokens i .. i+count-1, each plus one, `width` bits apiece (0 past the end); made a
+    chunk at a time, so that nothing but the keys takes 8 bytes a token."""
+    n, chunk = len(tokens), 1 << 22
     keys = np.zeros(n, dtype=np.uint64)
-    for j in range(count):
-        keys <<= np.uint64(width)
-        keys[: n - j] |= tokens[j:].astype(np.uint64) + np.uint64(1)
+    for begin in range(0, n, chunk):
+        ahead = np.asarray(tokens[begin : begin + chunk + count]).astype(np.uint64) + np.uint64(1)
+        part = keys[begin : begin + chunk]  # a view: filled in place
+        for j in range(count):
+            part <<= np.uint64(width)
+            taken = ahead[j : j + len(part)]
+            part[: len(taken)] |= taken
     return keys
 
 
 def group_starts(sorted_keys: np.ndarray) -> np.ndarray:
     """(n,) for each place in a sorted array, where its run of equal keys starts."""
     n = len(sorted_keys)
-    places = np.arange(n, dtype=position_dtype(n))
-    first = np.ones(n, dtype=bool)
-    first[1:] = sorted_keys[1:] != sorted_keys[:-1]
-    return np.maximum.accumulate(np.where(first, places, 0))
+    starts = np.arange(n, dtype=position_dtype(n))
+    starts[1:][sorted_keys[1:] == sorted_keys[:-1]] = 0
+    return np.maximum.accumulate(starts, out=starts)
 
 
 def refine(order: np.ndarray, rank: np.ndarray, step: int) -> bool:
     """Sort each group of equal ranks by the rank `step` tokens on, in place; False if none had two."""
-    n = len(order)
-    start = rank[order]  # (n,) group start of each place
-    shared = np.zeros(n, dtype=bool)  # places in a group of two or more
-    shared[1:] = start[1:] == start[:-1]
-    shared[:-1] |= shared[1:]
-    places = np.flatnonzero(shared)
-    if len(places) == 0:
+    shared = tied_places(order, rank)
+    if len(shared) == 0:
         return False
-    suffix = order[places]  # positions still tied
-    after = suffix.astype(np.int64) + step
-    later = np.zeros(len(suffix), dtype=np.uint64)  # rank + 1 of the suffix step on; 0 past the end
-    inside = after < n
-    later[inside] = rank[after[inside]].astype(np.uint64) + np.uint64(1)
-    keys = rank[suffix].astype(np.uint64) * np.uint64(n + 1) + later
-    del after, later, inside
+    suffix = order[shared]  # positions still tied
+    keys = pair_keys(suffix, rank, step)
     resort = np.argsort(keys, kind="stable")
-    suffix, keys = suffix[resort], keys[resort]
+    keys = keys[resort]
+    suffix = suffix[resort]
     del resort
-    order[places] = suffix
-    rank[suffix] = places[group_starts(keys)]
+    order[shared] = suffix
+    rank[suffix] = shared[group_starts(keys)]
     return True
+
+
+def tied_places(order: np.ndarray, rank: np.ndarray) -> np.ndarray:
+    """(k,) the places in the order whose group has two suffixes or more."""
+    start = rank[order]  # (n,) group start of each place
+    shared = np.zeros(len(order), dtype=bool)
+    shared[1:] = start[1:] == start[:-1]
+    del start
+    shared[:-1] |= shared[1:]
+    return np.flatnonzero(shared).astype(order.dtype)
+
+
+def pair_keys(suffix: np.ndarray, rank: np.ndarray, step: int) -> np.ndarray:
+    """(k,) uint64: rank of each suffix, then rank + 1 of the suffix step tokens on (0 past the end)."""
+    n, chunk = len(rank), 1 << 22
+    keys = np.empty(len(suffix), dtype=np.uint64)
+    for begin in range(0, len(suffix), chunk):
+        part = suffix[begin : begin + chunk].astype(np.int64)
+        after = part + step
+        later = np.where(after < n, rank[np.minimum(after, n - 1)].astype(np.uint64) + np.uint64(1), np.uint64(0))
+        keys[begin : begin + chunk] = rank[part].astype(np.uint64) * np.uint64(n + 1) + later
+    return keys
 
 
 def count_marks(tokens: np.ndarray, table: np.ndarray) -> np.ndarray:
     """(n // MARK_EVERY + 1, 3) int64: chars begun, newlines and separators before token k * MARK_EVERY."""
-    n, chunk = len(tokens), MARK_EVERY * 4096
+    n, chunk = len(tokens), MARK_EVERY * 1024
     marks = [np.zeros((1, 3), dtype=np.int64)]
     for begin in range(0, n, chunk):
         ids = np.asarray(tokens[begin : begin + chunk])

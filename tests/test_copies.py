@@ -320,3 +320,30 @@ def test_two_processes_build_one_index_the_other_waits_and_reads(tmp_path):
     assert logs.count("building the copy index of") == 1, logs
     assert not (cache / "tokens" / "entry.copies.partial").exists()
     assert not list((cache / "tokens" / ".locks").iterdir())
+
+
+def test_a_read_only_cache_gets_its_index_in_a_temporary_folder_of_the_users(tmp_path):
+    rng = np.random.default_rng(11)
+    train = noise(rng, 3000, 0, 26)
+    cache = write_entry(tmp_path / "cache", train)
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    script = (
+        "import logging, sys; logging.basicConfig(level=logging.INFO, format='%(message)s'); "
+        "from data.copies import open_copy_index; "
+        f"index = open_copy_index(sys.argv[1], 'entry'); print(index.folder, len(index.find({train[100:150]})))"
+    )
+    command = [sys.executable, "-c", script, str(cache)]
+    if os.geteuid() == 0:  # root may write anywhere: run without that right, as a user would
+        command = ["setpriv", "--bounding-set=-dac_override,-dac_read_search,-fowner", *command]
+    subprocess.run(["chmod", "-R", "a-w", str(cache)], check=True)
+    try:
+        done = subprocess.run(
+            command, cwd=ROOT, env={**os.environ, "TMPDIR": str(temp)}, capture_output=True, text=True
+        )
+    finally:
+        subprocess.run(["chmod", "-R", "u+w", str(cache)], check=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [str(temp / f"tinygpt2-{os.getuid()}-copies" / "entry.copies"), "1"]
+    assert f"the token cache {cache / 'tokens'} cannot be written: the copy index goes in" in done.stderr
+    assert sorted(p.name for p in (cache / "tokens").iterdir()) == ["entry"]
