@@ -5,7 +5,7 @@ A token cache entry (data.cache) gets a copy index, built once from its train.bi
     tokens/<key>/               the entry (train.bin, tokenizer.json, meta.json, ...)
     tokens/<key>.copies/        its copy index
         suffixes.bin            every position of train.bin, sorted by the first DEPTH tokens that start
-                                there (a suffix array cut at DEPTH); uint32, or uint64 past 4G tokens
+                                there (a suffix array cut at DEPTH); uint32 (n,)
         marks.bin               (chars, newlines, separators) before every MARK_EVERY-th token; int64 (n_marks, 3)
         meta.json               what it was built from (written last)
 
@@ -29,8 +29,9 @@ with it. A match of DEPTH tokens goes on among the suffixes that share those DEP
 train.bin after them. Where a span occurs in the training text comes from the marks and the
 MARK_EVERY-or-fewer tokens after one, with each token's text measured once from the tokenizer.
 
-Building takes about 40 bytes of memory per token of train.bin at its peak (bench/copies.py measures
-it: bench/README.md), so a 100M-token corpus needs about 4 GB; the index takes 4 bytes a token on disk.
+Building takes about 42 bytes of memory per token of train.bin at its peak, and about 1.2 s per million
+tokens on two shared cores (bench/copies.py measures both: bench/README.md); 100M tokens take 4.1 GiB
+and two minutes. The index takes 4 bytes a token on disk.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ log = logging.getLogger(__name__)
 FORMAT_VERSION = 1
 DEPTH = 64  # suffixes are sorted by at most this many tokens; longer matches are read from train.bin
 MARK_EVERY = 1024  # tokens between the stored (chars, newlines, separators) counts
+MAX_TOKENS = 2**32 - 2  # positions and ranks are uint32; a rank pair, (n + 1) ** 2 at most, fits a uint64
 SPOT_CHECKS = 64  # neighbouring suffixes compared when an index is opened
 SAMPLE_BLOCKS, BLOCK_BYTES = 16, 4096  # train.bin is fingerprinted by this many blocks of it
 NOTHING = -1  # past the end of train.bin: before every token, as a shorter suffix sorts first
@@ -123,18 +125,23 @@ def open_index(folder: Path, entry, quiet: bool = False) -> CopyIndex | None:
         return None
 
 
-def build_index(root: Path, key: str, entry) -> CopyIndex:
-    """Build the index in root/<key>.copies.partial and rename it into place, under its lock."""
+def build_index(root: Path, key: str, entry, damaged: bool = False) -> CopyIndex:
+    """Build the index in root/<key>.copies.partial and rename it into place, under its lock (unless
+    another process built it while this one waited; `damaged`: the one there now is no good)."""
     folder, staging = root / f"{key}.copies", root / f"{key}.copies.partial"
     lock = entry_lock(root, f"{key}.copies")
     hold(lock, f"another process is building the copy index; waiting for it ({staging})")
     try:
-        if (done := open_index(folder, entry, quiet=True)) is not None:  # built while this one waited
+        if not damaged and (done := open_index(folder, entry, quiet=True)) is not None:
             return done
+        log.info("building the copy index of %s (once: later lookups reuse it) in %s", entry.folder, folder)
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
-        log.info("building the copy index of %s (once: later lookups reuse it) in %s", entry.folder, folder)
-        write_index(staging, entry)
+        try:
+            write_index(staging, entry)
+        except BaseException:  # a full disk, a refusal, a stop: nothing half-made stays
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
         shutil.rmtree(folder, ignore_errors=True)
         staging.rename(folder)
     finally:
@@ -175,6 +182,8 @@ def sample_hash(path: Path) -> str:
 def write_index(folder: Path, entry) -> None:
     """The index's files in folder, meta.json last."""
     train = entry.ids("train")  # (n,) uint16 or uint32, memory-mapped
+    if len(train) > MAX_TOKENS:
+        raise DataError(f"the copy index takes at most {MAX_TOKENS:,} training tokens; this entry has {len(train):,}")
     table = token_table(entry.tokenizer_json)
     suffixes = sort_suffixes(train, DEPTH, len(table))
     suffixes.tofile(folder / "suffixes.bin")
@@ -185,7 +194,7 @@ def write_index(folder: Path, entry) -> None:
 
 
 def position_dtype(n: int) -> np.dtype:
-    return np.dtype(np.uint32) if n < 2**32 else np.dtype(np.uint64)
+    return np.dtype(np.uint32)  # n <= MAX_TOKENS
 
 
 def sort_suffixes(tokens: np.ndarray, depth: int, vocab_size: int) -> np.ndarray:
@@ -387,8 +396,7 @@ class CopyIndex:
             return self.checked(find_spans(self, as_query(ids, len(self.table)), min_tokens), ids)
         except DamagedIndex as err:
             log.warning("%s; building it again", err)
-            shutil.rmtree(self.folder, ignore_errors=True)
-            again = build_index(self.folder.parent, self.entry.key, self.entry)
+            again = build_index(self.folder.parent, self.entry.key, self.entry, damaged=True)
             self.__dict__.update(again.__dict__)
             return self.checked(find_spans(self, as_query(ids, len(self.table)), min_tokens), ids)
 
