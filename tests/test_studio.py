@@ -21,6 +21,7 @@ import explain
 from checkpoint import load_checkpoint, read_loss_history
 from generation.lens import head_scores, induction_targets
 from generation.session import Sampling, Session
+from generation.text import BYTE_LEVEL_ALPHABET
 from tests.common import TINY_OVERRIDES, one_error_line, run_script, start_script
 from web.requests import Limits
 from web.server import make_app
@@ -193,9 +194,7 @@ def test_the_logit_lens_ends_at_the_models_own_prediction(client, loaded):
 def test_the_walk_through_is_explain_py_json(client, loaded, tiny_run, capsys):
     ids = prompt_ids(loaded, "ROMEO:")
     page = client.post("/api/explain", json={"ids": ids, "layer": 1, "head": 1}).json()
-    assert (
-        explain.main(["--json", "--ckpt", str(tiny_run), "--prompt", "ROMEO:", "--layer", "1", "--head", "1"]) == 0
-    )
+    assert explain.main(["--json", "--ckpt", str(tiny_run), "--prompt", "ROMEO:", "--layer", "1", "--head", "1"]) == 0
     printed = json.loads(capsys.readouterr().out)
     for key in ("checkpoint", "prompt_tokens"):
         printed.pop(key)
@@ -216,6 +215,48 @@ def test_history_holds_the_runs_loss_curves_and_its_samples(trained_run):
     assert [s["step"] for s in data["samples"]] == [int(s) for s in re.findall(r"^## step (\d+),", written, re.M)]
     for sample in data["samples"]:
         assert f"```\n{sample['text']}\n```" in written
+
+
+# ---- what it copied -----------------------------------------------------------------------------------
+
+
+def ready_copies(client) -> dict:
+    for _ in range(600):
+        state = client.get("/api/info").json()["copies"]
+        if state["state"] != "building":
+            return state
+        time.sleep(0.1)
+    raise AssertionError("the copy index was not built in a minute")
+
+
+@pytest.mark.slow
+def test_copied_text_is_found_where_it_is_in_the_training_text_however_the_model_spelled_it(trained_run, small_text):
+    loaded = load_checkpoint(trained_run)
+    text = small_text.read_text(encoding="utf-8")
+    passage = text[1000:1300]
+    with TestClient(make_app(loaded)) as client:
+        assert ready_copies(client)["state"] == "ready"
+        canonical = loaded.tokenizer.encode(passage).ids
+        byte_tokens = {byte: char for char, byte in BYTE_LEVEL_ALPHABET.items()}
+        letters = [loaded.tokenizer.token_to_id(byte_tokens[b]) for b in passage.encode()]  # one token a byte
+        assert None not in letters and len(letters) > len(canonical)
+        for ids in (canonical, letters):
+            found = client.post("/api/copies", json={"ids": ids, "min_tokens": 8}).json()
+            longest = max(found["spans"], key=lambda span: span["end"] - span["start"])
+            assert len(longest["text"]) > 250 and longest["text"] in passage
+            assert text[longest["char_offset"] :].startswith(longest["text"])
+            assert longest["line"] == text[: longest["char_offset"]].count("\n") + 1
+            shown = "".join(loaded.tokenizer.decode([i]) for i in ids[longest["start"] : longest["end"]])
+            assert longest["text"] in shown
+        nothing = client.post("/api/copies", json={"ids": canonical[::-1], "min_tokens": 30}).json()
+        assert nothing["spans"] == []
+
+
+def test_a_model_without_a_known_training_text_says_so(client):
+    state = client.get("/api/info").json()["copies"]
+    assert state["state"] == "none" and "no training text is known" in state["reason"]
+    refused = client.post("/api/copies", json={"ids": [1, 2, 3]})
+    assert refused.status_code == 409 and "no training text is known" in refused.json()["error"]["message"]
 
 
 # ---- the OpenAI format --------------------------------------------------------------------------------

@@ -1,13 +1,23 @@
 """The "what it copied" panel: the copy index of the run's own token cache (data/copies.py), opened or
-built in the background when the studio starts, so that the page is usable meanwhile."""
+built in the background when the studio starts, so that the page is usable meanwhile.
+
+The index holds the training text as the tokenizer encodes it, but a model writes whatever tokens it
+samples: one trained with BPE-dropout often spells a word in smaller pieces than the tokenizer would.
+So the generated tokens are decoded and encoded again, as the training text was, before the lookup,
+and each span found is mapped back onto the tokens the page shows through the text's characters."""
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import logging
 import threading
 from pathlib import Path
 from typing import Any
 
+from tokenizers import Tokenizer
+
+from generation.text import TextStream
 from web.requests import BadRequest
 
 log = logging.getLogger(__name__)
@@ -16,11 +26,12 @@ log = logging.getLogger(__name__)
 class Finder:
     """The run's copy index, once it is ready; `status` says where it stands."""
 
-    def __init__(self, settings: dict[str, Any]):
-        self.index = None
+    def __init__(self, settings: dict[str, Any], tokenizer: Tokenizer):
+        self.index, self.tokenizer = None, tokenizer
         self.state, self.reason = (
             "none",
-            "this model was not trained by tinygpt2 (a Hugging Face folder): no training text is known",
+            "no training text is known for this model (a Hugging Face folder, or a checkpoint that does not "
+            "name its token cache)",
         )
         data, prepared = settings.get("data"), settings.get("prepared_data")
         if isinstance(data, dict) and isinstance(prepared, dict) and prepared.get("cache_key"):
@@ -45,7 +56,25 @@ class Finder:
         return {"state": self.state, "reason": self.reason}
 
     def find(self, ids: list[int], min_tokens: int) -> dict:
+        """Spans of ids (the generated tokens) found in the training text, as token positions in ids."""
         if self.index is None:
             raise BadRequest(self.reason or "no copy index", "ids", status=409)
-        found = self.index.find(ids, min_tokens)
-        return {"min_tokens": min_tokens, "source": self.source, "spans": [vars(copy) for copy in found]}
+        pieces = token_texts(self.tokenizer, ids)  # the text each token adds ("" for part of a character)
+        text = "".join(pieces)
+        encoding = self.tokenizer.encode(text, add_special_tokens=False)  # as the training text was encoded
+        ends = list(itertools.accumulate(len(piece) for piece in pieces))  # (len(ids),) characters so far
+        spans = []
+        for copy in self.index.find(encoding.ids, min_tokens):
+            first_char, end_char = encoding.offsets[copy.start][0], encoding.offsets[copy.end - 1][1]
+            start = bisect.bisect_right(ends, first_char)  # the token whose text holds the span's first character
+            end = bisect.bisect_left(ends, end_char) + 1
+            spans.append(
+                vars(copy)
+                | {"start": start, "end": end, "tokens": copy.end - copy.start, "text": text[first_char:end_char]}
+            )
+        return {"min_tokens": min_tokens, "source": self.source, "spans": spans}
+
+
+def token_texts(tokenizer: Tokenizer, ids: list[int]) -> list[str]:
+    stream = TextStream(tokenizer)
+    return [stream.add(token) for token in ids]

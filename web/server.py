@@ -63,7 +63,7 @@ class Studio:
         name = loaded.path.parent.parent.name if loaded.path and loaded.path.suffix == ".ckpt" else None
         self.name = name or (loaded.path.name if loaded.path else "tinygpt2")
         self.completions = Completions(self.session, self.name, limits)
-        self.copies = copies.Finder(loaded.config)
+        self.copies = copies.Finder(loaded.config, loaded.tokenizer)
 
     def info(self) -> dict:
         c = self.model.config
