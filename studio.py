@@ -14,7 +14,7 @@ from __future__ import annotations
 if __name__ == "__main__":
     from shell.startup import start_up
 
-    start_up(pause_gc=False)  # before the imports: Ctrl-C stops at once
+    start_up()  # before the imports: Ctrl-C stops at once, no garbage collection until the model is loaded
 
 import argparse
 import ipaddress
@@ -23,6 +23,7 @@ import sys
 
 from checkpoint import CheckpointError, given_or_newest, load_checkpoint
 from shell.programs import Parser, exit_quietly, given_path, run_program, say_what_it_learned, whole_number
+from shell.startup import started
 
 LOOPBACK = ("localhost",)
 
@@ -109,7 +110,9 @@ def run(args: argparse.Namespace) -> int:
             if self.started:  # the address is said once it answers
                 print(announced, flush=True)
 
-    Server(uvicorn.Config(make_app(loaded), log_level="warning", access_log=False)).run(sockets=[sock])
+    app = make_app(loaded)
+    started()  # (shell.startup): the libraries' and the model's objects are frozen out of the collector's way
+    Server(uvicorn.Config(app, log_level="warning", access_log=False)).run(sockets=[sock])
     return 0
 
 
