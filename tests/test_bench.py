@@ -66,6 +66,7 @@ def test_bench_train_stopped_in_the_training_loop_ends_in_one_line(tmp_path):
     assert "nanogpt-cpu" not in proc.stdout  # no row of figures
 
 
+@pytest.mark.slow
 def test_quality_refuses_a_run_that_a_signal_stopped_before_its_end(tmp_path):
     """A signal sent to train.py alone stops it early, with its checkpoint, and exit status 130: it has no
     final validation."""
@@ -79,6 +80,7 @@ def test_quality_refuses_a_run_that_a_signal_stopped_before_its_end(tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_bench_train_without_tiny_shakespeare_says_so_in_one_line(tmp_path):
     env = {**script_environment(None, None), "TINYSHAKESPEARE": str(tmp_path / "missing.txt")}
     proc = run_script("bench/train.py", "--quick", env=env)
@@ -153,6 +155,7 @@ def test_prepare_refuses_a_text_with_no_speeches_in_one_line(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["empty.txt"]
 
 
+@pytest.mark.slow
 def test_precision_benchmark_prints_its_table():
     proc = run_script("bench/precision.py", "--shapes", "nano", "--steps", "2", "--warmup", "1")
     assert proc.returncode == 0, proc.stderr

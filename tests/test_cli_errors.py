@@ -233,6 +233,7 @@ def test_generate_py_missing_checkpoint(tmp_path, capsys, monkeypatch):
     assert code == 1 and "no checkpoint in" in one_error_line(err)
 
 
+@pytest.mark.slow
 def test_a_run_folder_with_only_step_files_names_the_newest_to_pass(tiny_run, tmp_path):
     """A run copied without its links (`rsync -r`) has its step files but no last.ckpt or best.ckpt."""
     run = tmp_path / "run"
@@ -583,6 +584,7 @@ def run_on_a_full_disk(*args: str, cwd: Path, size: int) -> subprocess.Completed
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
+@pytest.mark.slow
 def test_export_to_a_full_disk_leaves_nothing_and_keeps_an_earlier_export(tiny_run, tmp_path):
     earlier = tmp_path / "hf"
     assert export.main(["--ckpt", str(tiny_run), "--out", str(earlier)]) == 0
@@ -601,6 +603,7 @@ def test_export_to_a_full_disk_leaves_nothing_and_keeps_an_earlier_export(tiny_r
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]  # no unfinished folder, no folder made for it
 
 
+@pytest.mark.slow
 def test_attention_png_on_a_full_disk_leaves_nothing(tiny_run, tmp_path, capsys):
     png = tmp_path / "attention.png"
     args = ["--ckpt", str(tiny_run), "--prompt", "ROMEO:", "--max-new-tokens", "5", "--attention-png"]
@@ -675,6 +678,7 @@ def until_read(fifo: Path, proc: subprocess.Popen) -> int:
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
+@pytest.mark.slow
 def test_a_stop_while_the_folder_is_put_in_place_waits_for_it_and_says_it_is_written(tiny_run, tmp_path, capsys):
     """SIGTERM while an export replaces an earlier one: the stop waits until the new folder is in place,
     whichever of the process's threads the signal reaches. The earlier export's README.md is a named pipe,

@@ -33,6 +33,7 @@ def same_tokenizer(a: str, b: str) -> bool:
     return Tokenizer.from_str(a).to_str() == Tokenizer.from_str(b).to_str()
 
 
+@pytest.mark.slow
 def test_fine_tuning_from_a_folder_saved_by_transformers(transformers_folder, tiny_gpt, small_text, tmp_path):
     overrides = [*RUN, f"data.path={small_text}", f"init_from={transformers_folder}"]
     result = train(compose_config(*overrides), tmp_path / "run", named=overrides)

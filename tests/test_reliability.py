@@ -253,11 +253,12 @@ def test_ctrl_c_before_training_begins_stops_in_one_line_and_leaves_nothing(smal
             proc.kill()
         assert "Traceback" not in err, (delay, err[-2000:])
         assert proc.returncode in (130, -signal.SIGINT), (delay, err[-2000:])  # stopped, never finished
-        if proc.returncode == 130:
-            last = err.rstrip().splitlines()[-1]
-            assert last in ("stopped before training began; nothing was written",
-                            "stopped before the run's first checkpoint; nothing was kept") or (
-                "checkpoint saved. Continue with: " in last), err[-500:]  # fmt: skip
+        if proc.returncode == 130:  # a stop before training says so on stderr; once training runs, its log line
+            last_said = err.rstrip().splitlines()[-1]  # (on stdout, as Hydra logs) gives the continue command
+            last_logged = (out.rstrip().splitlines() or [""])[-1]
+            assert last_said in ("stopped before training began; nothing was written",
+                                 "stopped before the run's first checkpoint; nothing was kept") or (
+                "checkpoint saved. Continue with: " in last_logged), (delay, err[-500:], out[-500:])  # fmt: skip
         left = [p for p in runs_root.glob("*/*") if p.is_dir() and not p.parent.is_symlink()]  # not outputs/latest/
         assert all(any((run / "checkpoints").glob("*.ckpt")) for run in left), (delay, left)
 
