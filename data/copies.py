@@ -7,6 +7,9 @@ A token cache entry (data.cache) gets a copy index, built once from its train.bi
         suffixes.bin            every position of train.bin, sorted by the first DEPTH tokens that start
                                 there (a suffix array cut at DEPTH); uint32 (n,)
         marks.bin               (chars, newlines, separators) before every MARK_EVERY-th token; int64 (n_marks, 3)
+        starts.bin              where each document begins (0, and after each separator); uint32 (documents,)
+        files.json              the run's training files, each with its number of documents (made the first
+                                time a run's data settings are given, from its files; absent otherwise)
         meta.json               what it was built from (written last)
 
 Beside the entry, not in it: an entry is finished when it is renamed into place and only read after,
@@ -27,7 +30,8 @@ Finding: for every start i of the generated ids, a binary search (all starts at 
 where ids[i:i+DEPTH] would go among the sorted suffixes; its neighbours there share the longest prefix
 with it. A match of DEPTH tokens goes on among the suffixes that share those DEPTH tokens, by reading
 train.bin after them. Where a span occurs in the training text comes from the marks and the
-MARK_EVERY-or-fewer tokens after one, with each token's text measured once from the tokenizer.
+MARK_EVERY-or-fewer tokens after one, with each token's text measured once from the tokenizer; the
+file it is in, from the document it is in and files.json.
 
 Building takes about 42 bytes of memory per token of train.bin at its peak, and about 1.2 s per million
 tokens on two shared cores (bench/copies.py measures both: bench/README.md); 100M tokens take 4.1 GiB
@@ -36,6 +40,8 @@ and two minutes. The index takes 4 bytes a token on disk.
 
 from __future__ import annotations
 
+import bisect
+import contextlib
 import hashlib
 import json
 import logging
@@ -55,7 +61,7 @@ from data.tokenizer import EOT
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: starts.bin, the documents' first positions
 DEPTH = 64  # suffixes are sorted by at most this many tokens; longer matches are read from train.bin
 MARK_EVERY = 1024  # tokens between the stored (chars, newlines, separators) counts
 MAX_TOKENS = 2**32 - 2  # positions and ranks are uint32; a rank pair, (n + 1) ** 2 at most, fits a uint64
@@ -82,14 +88,26 @@ class Copy:
     char_offset: int  # that occurrence's character offset in the training split's text (separators take none)
     line: int  # its line there, from 1
     document: int | None  # its document (<|endoftext|> separators before it), from 0; None without separators
+    line_in_document: int | None = None  # its line in that document, from 1 (in the file, for a file of one document)
+    file: str | None = None  # the training file that holds it, where the run's files are known
+    document_in_file: int | None = None  # its document among that file's, from 0
+    documents_in_file: int | None = None  # how many documents that file holds (None: not counted)
 
 
 # ---- opening ---------------------------------------------------------------------------------------
 
 
-def open_copy_index(cache_dir: str | os.PathLike, cache_key: str) -> CopyIndex:
-    """The copy index of a token cache entry: opened, or built first (minutes for a large corpus)."""
-    tokens = Path(cache_dir).expanduser() / "tokens"
+def open_copy_index(cache_dir: str | os.PathLike, cache_key: str, source=None) -> CopyIndex:
+    """The copy index of a token cache entry: opened, or built first (minutes for a large corpus).
+    `source` (data.sources.Source, from source_of_entry): the entry's text, whose files then name
+    where each span is."""
+    index = find_or_build(Path(cache_dir).expanduser() / "tokens", cache_key)
+    if source is not None and source.train_files:
+        index.attach_files(source)
+    return index
+
+
+def find_or_build(tokens: Path, cache_key: str) -> CopyIndex:
     entry = open_entry(tokens, cache_key)
     beside = tokens / f"{cache_key}.copies"
     if (found := open_index(beside, entry)) is not None:
@@ -100,6 +118,21 @@ def open_copy_index(cache_dir: str | os.PathLike, cache_key: str) -> CopyIndex:
         if (found := open_index(root / beside.name, entry)) is not None:
             return found
     return build_index(root, cache_key, entry)
+
+
+def source_of_entry(data_cfg, tokenizer_cfg, cache_key: str):
+    """The source of a run's text (data.sources.Source) if its files are still the ones the entry
+    was tokenized from (their key is the entry's); None otherwise, or for a text that is not local
+    files (a Hub dataset, Tiny Shakespeare from the cache: nothing is looked up or downloaded)."""
+    from data.prepare import corpus_key
+
+    if data_cfg.get("source") not in ("text", "shakespeare") or not data_cfg.get("path"):
+        return None
+    try:
+        source, key = corpus_key(data_cfg, tokenizer_cfg)
+    except (DataError, OSError):  # the files are gone or renamed
+        return None
+    return source if key == cache_key else None
 
 
 def open_entry(tokens: Path, key: str):
@@ -189,7 +222,13 @@ def write_index(folder: Path, entry) -> None:
     suffixes.tofile(folder / "suffixes.bin")
     del suffixes
     count_marks(train, table).tofile(folder / "marks.bin")
-    meta = expected_meta(entry) | {"positions": position_dtype(len(train)).name, "source": entry.meta.get("source")}
+    starts = document_starts(train, table)
+    starts.astype(position_dtype(len(train))).tofile(folder / "starts.bin")
+    meta = expected_meta(entry) | {
+        "positions": position_dtype(len(train)).name,
+        "documents": len(starts),
+        "source": entry.meta.get("source"),
+    }
     write_json(folder / "meta.json", meta)
 
 
@@ -295,6 +334,15 @@ def count_marks(tokens: np.ndarray, table: np.ndarray) -> np.ndarray:
     return sums[: n // MARK_EVERY + 1]
 
 
+def document_starts(tokens: np.ndarray, table: np.ndarray) -> np.ndarray:
+    """(documents,) int64: where each document of tokens begins: 0, and after each separator."""
+    separator, chunk = np.flatnonzero(table[:, 2]), MARK_EVERY * 1024
+    starts = [np.zeros(1, dtype=np.int64)]
+    for begin in range(0, len(tokens), chunk) if len(separator) else []:
+        starts.append(np.flatnonzero(np.asarray(tokens[begin : begin + chunk]) == separator[0]) + begin + 1)
+    return np.concatenate(starts)
+
+
 # ---- the text of each token ------------------------------------------------------------------------
 
 
@@ -363,7 +411,13 @@ class CopyIndex:
         self.marks = mapped(folder / "marks.bin", np.dtype(np.int64), (self.n // MARK_EVERY + 1, 3))
         self.table = token_table(entry.tokenizer_json)
         self.has_separator = bool(self.table[:, 2].any())
+        documents = self.meta.get("documents")
+        if not isinstance(documents, int) or not 1 <= documents <= self.n + 1:
+            raise DamagedIndex(folder, "meta.json names no number of documents")
+        self.starts = mapped(folder / "starts.bin", np.dtype(self.meta["positions"]), (documents,))
         self.source = entry.meta.get("source")
+        self.files: list[tuple[str, int | None]] = []  # the training files and their documents (attach_files)
+        self.firsts: list[int] = []  # (len(files),) the first document of each
         self.spot_check(np.random.default_rng())
 
     def spot_check(self, rng: np.random.Generator) -> None:
@@ -380,6 +434,14 @@ class CopyIndex:
             ids = np.asarray(self.tokens[k * MARK_EVERY : (k + 1) * MARK_EVERY])
             if (self.marks[k + 1] - self.marks[k] != self.table[ids, :3].sum(axis=0)).any():
                 raise DamagedIndex(self.folder, "marks.bin does not count the tokens it marks")
+        tail = np.asarray(self.tokens[(len(self.marks) - 1) * MARK_EVERY :])
+        separators = int(self.marks[-1, 2] + self.table[tail, 2].sum())
+        picks = rng.integers(1, len(self.starts), size=4) if len(self.starts) > 1 else []
+        if separators != len(self.starts) - 1 or any(
+            not 0 < self.starts[k] <= self.n or not self.table[int(self.tokens[int(self.starts[k]) - 1]), 2]
+            for k in picks
+        ):
+            raise DamagedIndex(self.folder, "starts.bin does not hold where the documents begin")
 
     def windows(self, starts: np.ndarray, width: int) -> np.ndarray:
         """(len(starts), width) int64: the tokens from each start, NOTHING past the end."""
@@ -397,7 +459,7 @@ class CopyIndex:
         except DamagedIndex as err:
             log.warning("%s; building it again", err)
             again = build_index(self.folder.parent, self.entry.key, self.entry, damaged=True)
-            self.__dict__.update(again.__dict__)
+            self.__dict__.update({**again.__dict__, "files": self.files, "firsts": self.firsts})
             return self.checked(find_spans(self, as_query(ids, len(self.table)), min_tokens), ids)
 
     def checked(self, found: list[Copy], ids: Sequence[int]) -> list[Copy]:
@@ -415,6 +477,45 @@ class CopyIndex:
         chars, newlines, separators = self.marks[mark] + self.table[head, :3].sum(axis=0)
         chars -= self.table[int(self.tokens[position]), 3]  # begun inside a character: that character's offset
         return int(chars), int(newlines) + 1, int(separators) if self.has_separator else None
+
+    def in_document(self, line: int, document: int | None) -> dict[str, Any]:
+        """Copy's fields for the place of a line in a document: its line there, and the file and the
+        document of the file it is in (where attach_files named the files)."""
+        if document is None:
+            return {}
+        place = {"line_in_document": line - self.locate(int(self.starts[document]))[1] + 1}
+        if self.files:
+            k = bisect.bisect_right(self.firsts, document) - 1
+            path, count = self.files[k]
+            place |= {"file": path, "document_in_file": document - self.firsts[k], "documents_in_file": count}
+        return place
+
+    def attach_files(self, source) -> None:
+        """Name the training file of each document: files.json, made once from the source's files (a
+        corpus of several files is read once to count their documents)."""
+        path = self.folder / "files.json"
+        try:
+            saved = json.loads(path.read_text(encoding="utf-8"))
+            files = [(str(f), c) for f, c in saved["files"]] if saved.get("entry") == self.entry.key else None
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            files = None
+        if files is None:
+            if len(source.train_files) == 1:  # nothing to read: every document is in it (one, or not counted)
+                counts = [1 if len(self.starts) == 1 else None]
+            else:
+                counts = [source.count_documents(f) for f in source.train_files]
+            files = list(zip(source.train_files, counts, strict=True))
+            with contextlib.suppress(OSError):  # (kept in memory only where the folder cannot be written)
+                write_json(path, {"entry": self.entry.key, "files": files})
+        counts = [c or 0 for _, c in files]
+        if len(files) > 1 and sum(counts) < len(self.starts):
+            log.warning(
+                "%s does not count the %d documents of the training text; spans are placed by document",
+                path,
+                len(self.starts),
+            )
+            return
+        self.files, self.firsts = files, [sum(counts[:k]) for k in range(len(files))]
 
 
 def read_meta(folder: Path) -> dict[str, Any]:
@@ -477,7 +578,10 @@ def find_spans(index: CopyIndex, query: np.ndarray, min_tokens: int) -> list[Cop
     for start, end, members in spans:
         members = counted[start] if members is None else members
         position = int(members.min())
-        found.append(Copy(start, end, len(members), position, *index.locate(position)))
+        chars, line, document = index.locate(position)
+        found.append(
+            Copy(start, end, len(members), position, chars, line, document, **index.in_document(line, document))
+        )
     return found
 
 

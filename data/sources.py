@@ -8,6 +8,7 @@ a run whose tokens are cached never calls.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -16,7 +17,7 @@ import socket
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlparse
@@ -25,6 +26,7 @@ from data.cache import missing_folders, remove_if_empty
 from data.corpus import Corpus, Part
 from data.errors import DataError
 from data.files import check_no_nul_characters, expand_paths, file_stats, find_not_utf8, text_rows
+from data.shards import PIECE_CHARS
 
 if TYPE_CHECKING:
     import datasets
@@ -51,6 +53,8 @@ class Source:
     identity: dict  # what the text is, for the cache key
     open: Callable[[int | None], Corpus]  # piece_chars -> the corpus (long plain-text documents in pieces)
     fallback: str | None = None  # why the text asked for is not to be had, when this one stands in for it
+    train_files: list[str] = field(default_factory=list)  # local files of the training text, in reading order
+    count_documents: Callable[[str], int] | None = None  # the documents one of them holds (reads it)
 
 
 def changed_file(source: Source) -> str | None:
@@ -132,7 +136,25 @@ def files_source(cfg, path: str) -> Source:
             parts.append(file_part(val_files, fmt, reading, piece_chars, "val", str(cfg.val_path)))
         return Corpus(parts, cfg.val_fraction)
 
-    return Source(label, identity, open_corpus)
+    return Source(
+        label,
+        identity,
+        open_corpus,
+        train_files=[os.path.abspath(f) for f in files],
+        count_documents=functools.partial(count_documents, fmt=fmt, reading=reading),
+    )
+
+
+def count_documents(file: str, fmt: str, reading: dict) -> int:
+    """The documents of one training file, as reading the corpus splits them (the copy index names
+    the file a copied span comes from with these counts)."""
+    part = file_part([file], fmt, reading, PIECE_CHARS, "train", file)
+    documents = 0
+    for rows, _ in part.batches():
+        for text, continues in rows:
+            if part.is_text(text):
+                documents += sum(1 for line in text.split("\n") if line) if part.lines else not continues
+    return documents
 
 
 def reading_settings(cfg, fmt: str) -> dict:

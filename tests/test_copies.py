@@ -9,13 +9,14 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
 from data.cache import text_hash
-from data.copies import DEPTH, open_copy_index
+from data.copies import DEPTH, open_copy_index, source_of_entry
 from data.datamodule import TextDataModule
 from data.tokenizer import EOT, train_char
 from tests.common import ROOT, TINY_OVERRIDES, compose_config
@@ -178,9 +179,10 @@ DOCUMENTS = [
 
 
 @pytest.fixture(scope="module")
-def prepared(tmp_path_factory) -> tuple[Path, str, list[str]]:
+def prepared(tmp_path_factory) -> tuple[Path, str, list[str], Any]:
     """A token cache entry prepared as train.py prepares one (byte-level BPE) from three files of text
-    that is not all ASCII; the cache, the entry's key, and the training split's documents as read here."""
+    that is not all ASCII; the cache, the entry's key, the training split's documents as read here, and
+    the run's settings."""
     folder = tmp_path_factory.mktemp("documents")
     rng = np.random.default_rng(7)
     words = "the of and to a in that is was he for it with as his on be at by I".split()
@@ -197,13 +199,13 @@ def prepared(tmp_path_factory) -> tuple[Path, str, list[str]]:
     for text in texts:
         train.append(text[: max(0, boundary - before)])
         before += len(text)
-    return cache, entry.key, [t for t in train if t]
+    return cache, entry.key, [t for t in train if t], cfg
 
 
 def test_every_position_is_located_at_its_character_line_and_document(prepared):
     """Against the tokenizer's own offsets of each document encoded here, including tokens that begin
     inside a character (a byte of 'é' or of an emoji): the character that holds their first byte."""
-    cache, key, documents = prepared
+    cache, key, documents, _ = prepared
     index = open_copy_index(cache, key)
     tokenizer = Tokenizer.from_str((cache / "tokens" / key / "tokenizer.json").read_text(encoding="utf-8"))
     expected, ids, chars_before = [], [], 0
@@ -226,7 +228,7 @@ def test_every_position_is_located_at_its_character_line_and_document(prepared):
 
 
 def test_a_copied_line_is_reported_where_the_text_holds_it(prepared):
-    cache, key, documents = prepared
+    cache, key, documents, _ = prepared
     index = open_copy_index(cache, key)
     tokenizer = Tokenizer.from_str((cache / "tokens" / key / "tokenizer.json").read_text(encoding="utf-8"))
     line = "JULIET: a line that names Zoë and Chloë.\n"
@@ -236,8 +238,57 @@ def test_a_copied_line_is_reported_where_the_text_holds_it(prepared):
     whole = "".join(documents)
     assert whole[copy.char_offset :].startswith(piece) and line.strip() in piece
     assert copy.line == whole[: copy.char_offset].count("\n") + 1 == len(documents[0].splitlines()) + 2
-    assert copy.document == 1
+    assert copy.document == 1 and copy.line_in_document == 2
+    assert copy.file is None  # no run settings given: no file named
     assert json.loads(json.dumps(vars(copy))) == vars(copy)  # what the studio sends the page
+
+
+def test_the_run_s_files_name_the_file_and_line_a_span_is_in(prepared):
+    cache, key, documents, cfg = prepared
+    tokenizer = Tokenizer.from_str((cache / "tokens" / key / "tokenizer.json").read_text(encoding="utf-8"))
+    index = open_copy_index(cache, key, source_of_entry(cfg.data, cfg.tokenizer, key))
+    line = documents[2].splitlines()[40]
+    (copy,) = index.find(tokenizer.encode(f"zq {line}\nzq", add_special_tokens=False).ids, min_tokens=8)
+    assert Path(copy.file) == Path(cfg.data.path) / "part-2.txt"
+    assert (copy.document_in_file, copy.documents_in_file, copy.document) == (0, 1, 2)
+    assert copy.line_in_document == 41  # the line's number in part-2.txt
+    assert json.loads((index.folder / "files.json").read_text(encoding="utf-8"))["files"][2][1] == 1
+    again = open_copy_index(cache, key, source_of_entry(cfg.data, cfg.tokenizer, key))  # files.json is read back
+    assert again.files == index.files
+
+
+def test_rows_of_several_table_files_are_named_by_file_and_row_skipping_empty_ones(tmp_path):
+    rows = {
+        "a.jsonl": ["first file, row one", "", "first file, row three"],
+        "b.jsonl": [f"row {k} of the second file: " + "the king and the queen " * 3 for k in range(4)],
+    }
+    rows["val.jsonl"] = ["the validation text, " * 20]
+    (tmp_path / "train").mkdir()
+    for name, texts in rows.items():
+        (tmp_path / ("" if name == "val.jsonl" else "train") / name).write_text(
+            "".join(json.dumps({"text": t}) + "\n" for t in texts), encoding="utf-8"
+        )
+    cfg = compose_config(
+        *TINY_OVERRIDES,
+        "data=text",
+        f"data.path={tmp_path / 'train'}",
+        f"data.val_path={tmp_path / 'val.jsonl'}",
+        f"data.cache_dir={tmp_path / 'cache'}",
+    )
+    entry = TextDataModule(cfg.data, cfg.tokenizer, cfg.model.block_size, cfg.seed, num_batches=1).prepare()
+    index = open_copy_index(cfg.data.cache_dir, entry.key, source_of_entry(cfg.data, cfg.tokenizer, entry.key))
+    tokenizer = Tokenizer.from_str(entry.tokenizer_json)
+    (copy,) = index.find(tokenizer.encode(rows["b.jsonl"][2], add_special_tokens=False).ids, min_tokens=8)
+    assert (Path(copy.file).name, copy.document_in_file, copy.documents_in_file) == ("b.jsonl", 2, 4)
+    assert copy.document == 4 and copy.line_in_document == 1
+
+
+def test_files_changed_since_they_were_tokenized_name_no_file(prepared, tmp_path):
+    cache, key, _, cfg = prepared
+    moved = compose_config(*TINY_OVERRIDES, "data=text", f"data.path={tmp_path}", f"data.cache_dir={cache}")
+    (tmp_path / "other.txt").write_text("other text\n", encoding="utf-8")
+    assert source_of_entry(moved.data, moved.tokenizer, key) is None
+    assert source_of_entry(cfg.data, cfg.tokenizer, key) is not None
 
 
 # ---- a damaged, stale or missing index; two builders -------------------------------------------------
@@ -263,6 +314,7 @@ DAMAGES = {
     "marks edited": lambda folder: (folder / "marks.bin").write_bytes(bytes((folder / "marks.bin").stat().st_size)),
     "meta missing": lambda folder: (folder / "meta.json").unlink(),
     "meta not json": lambda folder: (folder / "meta.json").write_text("{", encoding="utf-8"),
+    "starts cut short": lambda folder: os.truncate(folder / "starts.bin", 0),
 }
 
 

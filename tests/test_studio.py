@@ -12,6 +12,7 @@ import socket
 import subprocess
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 import torch
@@ -246,6 +247,8 @@ def test_copied_text_is_found_where_it_is_in_the_training_text_however_the_model
             assert len(longest["text"]) > 250 and longest["text"] in passage
             assert text[longest["char_offset"] :].startswith(longest["text"])
             assert longest["line"] == text[: longest["char_offset"]].count("\n") + 1
+            assert Path(longest["file"]) == small_text.resolve() and longest["documents_in_file"] == 1
+            assert longest["line_in_document"] == longest["line"]  # the file's line: it is one document
             shown = "".join(loaded.tokenizer.decode([i]) for i in ids[longest["start"] : longest["end"]])
             assert longest["text"] in shown
         nothing = client.post("/api/copies", json={"ids": canonical[::-1], "min_tokens": 30}).json()

@@ -38,14 +38,18 @@ class Finder:
             self.cache_dir = Path(str(data.get("cache_dir", "~/.cache/tinygpt2"))).expanduser()
             self.key = str(prepared["cache_key"])
             self.source = prepared.get("source")
+            self.settings = settings
             self.state, self.reason = "building", "the index of the training text is being built"
             threading.Thread(target=self.open, daemon=True).start()
 
     def open(self) -> None:
         try:
-            from data.copies import open_copy_index
+            from omegaconf import OmegaConf
 
-            self.index = open_copy_index(self.cache_dir, self.key)
+            from data.copies import open_copy_index, source_of_entry
+
+            data, tokenizer = (OmegaConf.create(self.settings.get(k) or {}) for k in ("data", "tokenizer"))
+            self.index = open_copy_index(self.cache_dir, self.key, source_of_entry(data, tokenizer, self.key))
         except Exception as err:  # any failure is said on the page; the rest of the studio goes on
             self.state, self.reason = "none", f"the copy index cannot be made: {err}"
             log.warning("studio: %s", self.reason)

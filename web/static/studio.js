@@ -300,8 +300,15 @@ async function findCopies() {
 
 function where(span) {
   const parts = [];
-  if (span.line !== undefined && span.line !== null) parts.push(`line ${span.line}`);
-  if (span.char_offset !== undefined && span.char_offset !== null) parts.push(`character ${span.char_offset}`);
+  if (span.file) {  // the run's own files: the file, and the line there (or the document in it, then its line)
+    parts.push(span.documents_in_file === 1
+      ? `${span.file}, line ${span.line_in_document}`
+      : `${span.file}, document ${span.document_in_file + 1}, line ${span.line_in_document}`);
+  } else {
+    if (span.document !== undefined && span.document !== null) parts.push(`document ${span.document + 1}`);
+    if (span.line !== undefined && span.line !== null) parts.push(`line ${span.line}`);
+  }
+  if (span.char_offset !== undefined && span.char_offset !== null) parts.push(`character ${span.char_offset} of the training text`);
   if (span.occurrences) parts.push(`${span.occurrences} time(s) in all`);
   return parts.join(", ");
 }
