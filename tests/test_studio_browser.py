@@ -100,6 +100,23 @@ def test_the_page_talks_shows_alternatives_attention_lens_walk_history_and_copie
         wait_for(driver, lambda d: "→" in d.find_element("id", "attention-hover").text)
         driver.save_screenshot(str(tmp_path / "attention.png"))
 
+        # longer texts are drawn on one canvas, a pixel a cell: the page's own function on made-up weights
+        driver.execute_script(
+            "const T = 200; drawHeatmap(Array.from({length: T}, (_, q) => Array.from({length: T}, "
+            "(_, k) => k <= q ? 1 / (q + 1) : 0)), Array.from({length: T}, (_, i) => 't' + i));"
+        )
+        canvas = driver.find_element("css selector", "#heatmap canvas.cells")
+        assert canvas.get_attribute("data-rows") == "200" and count("#heatmap rect.cell") == 0
+        assert canvas.size == {"width": 600, "height": 600}  # three pixels a cell
+        driver.execute_script("arguments[0].scrollIntoView()", canvas)
+        ActionChains(driver).move_to_element_with_offset(canvas, -148, 152).perform()  # (x 152, y 452)
+        wait_for(driver, lambda d: d.find_element("id", "attention-hover").text == "t150 → t50: 0.0066")
+        pixel = driver.execute_script(
+            "return [...arguments[0].getContext('2d').getImageData(50, 150, 1, 1).data]", canvas
+        )
+        assert pixel == [round(255 - 230 / 151), round(255 - 175 / 151), round(255 - 55 / 151), 255]
+        driver.save_screenshot(str(tmp_path / "attention-long.png"))
+
         open_tab(driver, "lens")
         wait_for(driver, lambda d: count("#lens tr") > 0)
         assert count("#lens tr") == 1 + n_layer + 1 and count("#lens td.first") == T

@@ -170,7 +170,12 @@ async function showAttention() {
   drawHeads(data, layer);
 }
 
+// Up to this many tokens the heatmap is an SVG, a rectangle a cell with its labels; above it, one canvas
+// a pixel a cell (GPT-2's 1,024 tokens would be a million SVG elements, more than a browser draws smoothly).
+const SVG_MOST_TOKENS = 96;
+
 function drawHeatmap(weights, labels) {
+  if (labels.length > SVG_MOST_TOKENS) return drawHeatmapCanvas(weights, labels);
   const T = labels.length, cell = Math.max(6, Math.min(22, Math.floor(640 / T))), margin = 70;
   const size = margin + T * cell;
   const picture = svg("svg", { width: size, height: size, "data-rows": T, "data-cols": T });
@@ -200,17 +205,38 @@ function drawHeatmap(weights, labels) {
   $("heatmap").replaceChildren(picture);
 }
 
+function drawHeatmapCanvas(weights, labels) {
+  const T = labels.length, scale = Math.max(1, Math.floor(768 / T));
+  const canvas = paintedWeights(weights, T * scale, { class: "cells", "data-rows": T, "data-cols": T });
+  canvas.addEventListener("mousemove", (event) => {
+    const box = canvas.getBoundingClientRect();
+    const q = Math.floor(((event.clientY - box.top) / box.height) * T);
+    const k = Math.floor(((event.clientX - box.left) / box.width) * T);
+    if (q < 0 || k < 0 || q >= T || k >= T) return;
+    $("attention-hover").textContent = `${labels[q]} → ${labels[k]}: ${weights[q][k].toFixed(4)}`;
+  });
+  $("heatmap").replaceChildren(el("p", { class: "hint" }, `${T} tokens: one pixel a cell (scaled ${scale}x); hover for the weight.`), canvas);
+}
+
+function paintedWeights(weights, size, attributes = {}) {
+  // a (T, T) weights picture on a canvas, a pixel a cell, the same blue as the SVG's cells over white,
+  // shown size x size pixels (cells enlarged as squares, or the picture shrunk)
+  const T = weights.length, sharp = size >= T ? "image-rendering:pixelated" : "";
+  const canvas = el("canvas", { ...attributes, width: T, height: T, style: `width:${size}px;height:${size}px;${sharp}` });
+  const context = canvas.getContext("2d");
+  const image = context.createImageData(T, T);
+  for (let q = 0; q < T; q++) for (let k = 0; k < T; k++) {
+    const at = 4 * (q * T + k), w = weights[q][k];
+    image.data.set([255 - 230 * w, 255 - 175 * w, 255 - 55 * w, 255], at);
+  }
+  context.putImageData(image, 0, 0);
+  return canvas;
+}
+
 function drawHeads(data, layer) {
-  const T = data.labels.length, scale = Math.max(1, Math.floor(96 / T));
+  const T = data.labels.length, size = T > 96 ? 96 : T * Math.floor(96 / T);
   const heads = data.weights.map((weights, h) => {
-    const canvas = el("canvas", { width: T, height: T, style: `width:${T * scale}px;height:${T * scale}px` });
-    const context = canvas.getContext("2d");
-    const image = context.createImageData(T, T);
-    for (let q = 0; q < T; q++) for (let k = 0; k < T; k++) {
-      const at = 4 * (q * T + k), w = weights[q][k];
-      image.data.set([255 - 230 * w, 255 - 175 * w, 255 - 55 * w, 255], at);
-    }
-    context.putImageData(image, 0, 0);
+    const canvas = paintedWeights(weights, size);
     const score = data.scores[layer][h];
     const kind = score.kind ? el("span", { class: "kind" }, score.kind) : "";
     const scores = `prev ${score.previous.toFixed(2)} · first ${score.first.toFixed(2)}` +
