@@ -3,13 +3,13 @@
 Both are the same call, `GPT.last_logits(tokens the cache does not hold yet, start_pos=how many it
 holds)`, so decoding runs the model's own blocks. On a GPU each one-token step is a replay of that
 call recorded as a CUDA graph (`generation.step`). `stream` yields each step's tokens as they are
-sampled (`stream_steps` with the logits they came from); `generate` collects them.
+sampled (and hands the logits they came from to `on_logits`); `generate` collects them.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import torch
 
@@ -102,33 +102,15 @@ def stream(
     use_cache: bool = True,
     generator: Generators = None,
     stop_tokens: Iterable[int] | None = None,
+    on_logits: Callable[[torch.Tensor], None] | None = None,
 ) -> Iterator[torch.Tensor]:
     """Yield the next token of every row, (B,), at most max_new_tokens times; the stream ends early
     once every row has produced one of `stop_tokens`. What the model sees: `Window`. Tokens stay on
     the model's device; nothing waits for the device except what reads them. They are inference
     tensors (made under torch.inference_mode): read them, or clone them outside inference mode
-    before autograd sees them. `generate` returns a normal one."""
-    steps = stream_steps(model, idx, max_new_tokens, temperature, top_k, top_p, use_cache, generator, stop_tokens)
-    try:
-        for _, next_token in steps:
-            yield next_token
-    finally:
-        steps.close()
-
-
-def stream_steps(
-    model: GPT,
-    idx: torch.Tensor,
-    max_new_tokens: int,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    use_cache: bool = True,
-    generator: Generators = None,
-    stop_tokens: Iterable[int] | None = None,
-) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """`stream`, yielding with each step's tokens (B,) the logits they were sampled from, (B, vocab):
-    what a page that shows the other tokens the model could have written reads."""
+    before autograd sees them. `generate` returns a normal one. `on_logits` is given each step's
+    logits, (B, vocab), before its tokens are yielded: what a page that shows the tokens the model
+    could have written instead reads."""
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
     if idx.dim() != 2 or idx.size(1) == 0:
@@ -142,10 +124,12 @@ def stream_steps(
     try:
         for _ in range(max_new_tokens):
             with torch.inference_mode():
-                logits = window.next_logits()
+                logits = window.next_logits()  # (B, vocab)
                 next_token = stops.apply(sample(logits, temperature, top_k, top_p, generator))
                 window.append(next_token)
-            yield logits, next_token
+            if on_logits is not None:
+                on_logits(logits)
+            yield next_token
             if stops.all_finished():
                 break
     finally:

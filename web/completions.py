@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 import torch
 from pydantic import Field, StrictBool, StrictInt
 
-from generation.decode import stream_steps
 from generation.session import Session, not_utf8
 from generation.text import BYTE_LEVEL_ALPHABET, TextStream
 from web.requests import BadRequest, Limits, Seed, Strict
+from web.talk import sampled
 
 
 class CompletionRequest(Strict):
@@ -162,9 +162,9 @@ class Completions:
         generator = torch.Generator(device=device).manual_seed(seed)
         text = TextStream(session.tokenizer, stops)
         top_p = request.top_p if request.top_p < 1 else None
-        steps = stream_steps(
-            model, torch.tensor([ids], device=device), request.max_tokens, request.temperature, None, top_p,
-            generator=generator, stop_tokens=None if session.eot is None else [session.eot],
+        steps = sampled(
+            model, torch.tensor([ids], device=device), request.max_tokens, temperature=request.temperature,
+            top_p=top_p, generator=generator, stop_tokens=None if session.eot is None else [session.eot],
         )  # fmt: skip
         try:
             for logits, token in steps:

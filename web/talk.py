@@ -18,7 +18,7 @@ from functools import lru_cache
 import torch
 from tokenizers import Tokenizer
 
-from generation.decode import stream_steps
+from generation.decode import stream
 from generation.lens import top_alternatives
 from generation.session import Session
 from generation.text import TextStream, token_label
@@ -57,6 +57,18 @@ def step_event(logits: torch.Tensor, token: int, text: str, labels: Labels) -> s
     return event("token", data)
 
 
+def sampled(model, idx: torch.Tensor, max_new_tokens: int, **sampling) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """generation.stream's tokens, (B,), each with the logits it was sampled from, (B, vocab);
+    `sampling`: stream's keyword arguments."""
+    seen: list[torch.Tensor] = []
+    steps = stream(model, idx, max_new_tokens, on_logits=seen.append, **sampling)
+    try:
+        for token in steps:
+            yield seen.pop(), token
+    finally:
+        steps.close()
+
+
 def talk(session: Session, labels: Labels, prompt: str, sampling: dict) -> Iterator[str]:
     """The events of one continuation of prompt. sampling: max_new_tokens, temperature, top_k, top_p, seed."""
     model, tokenizer = session.model, session.tokenizer
@@ -66,9 +78,9 @@ def talk(session: Session, labels: Labels, prompt: str, sampling: dict) -> Itera
     generator = torch.Generator(device=device).manual_seed(sampling["seed"])
     idx = torch.tensor([prompt_ids], dtype=torch.long, device=device)  # (1, T)
     text = TextStream(tokenizer)
-    steps = stream_steps(
-        model, idx, sampling["max_new_tokens"], sampling["temperature"], sampling["top_k"], sampling["top_p"],
-        generator=generator, stop_tokens=None if session.eot is None else [session.eot],
+    steps = sampled(
+        model, idx, sampling["max_new_tokens"], temperature=sampling["temperature"], top_k=sampling["top_k"],
+        top_p=sampling["top_p"], generator=generator, stop_tokens=None if session.eot is None else [session.eot],
     )  # fmt: skip
     started, count, reason = time.perf_counter(), 0, "length"
     try:
