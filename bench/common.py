@@ -144,3 +144,11 @@ def run(command: list[str], **popen) -> subprocess.CompletedProcess:
     with started(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen) as proc:
         out, err = proc.communicate()
     return subprocess.CompletedProcess(command, proc.returncode, out, err)
+
+
+def print_table(rows: list[tuple[str, str]]) -> None:
+    """A benchmark's results after a blank line: names in one column, values beside them."""
+    width = max(len(name) for name, _ in rows)
+    print()
+    for name, value in rows:
+        print(f"{name:<{width}}  {value}")

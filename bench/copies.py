@@ -153,10 +153,7 @@ def main() -> None:
         rows = measure(cache, key, args.lookups, f"{size / 1e6:.0f} MB corpus")
         if args.tokens:
             rows += measure(cache, repeated_entry(cache, key, args.tokens), args.lookups, "repeated")
-        width = max(len(name) for name, _ in rows)
-        print()
-        for name, value in rows:
-            print(f"{name:<{width}}  {value}")
+        common.print_table(rows)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

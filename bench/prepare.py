@@ -281,10 +281,7 @@ def main() -> None:
                 f"{second['seconds'] * 1000:.1f} ms: {first['seconds'] / second['seconds']:.0f}x faster",
             ),
         ]
-        width = max(len(name) for name, _ in rows)
-        print()
-        for name, value in rows:
-            print(f"{name:<{width}}  {value}")
+        common.print_table(rows)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
