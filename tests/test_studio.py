@@ -25,7 +25,7 @@ from generation.session import Sampling, Session
 from generation.text import BYTE_LEVEL_ALPHABET
 from tests.common import TINY_OVERRIDES, one_error_line, run_script, start_script
 from web.requests import Limits
-from web.server import make_app
+from web.server import PICTURE_CELLS, make_app, pictures
 
 
 @pytest.fixture(scope="module")
@@ -122,13 +122,28 @@ def test_attention_weights_are_the_models_own(client, loaded):
     ids = prompt_ids(loaded)
     weights = loaded.model.attention_weights(torch.tensor([ids]))
     for layer in range(loaded.model.config.n_layer):
-        data = client.post("/api/attention", json={"ids": ids, "layer": layer}).json()
-        assert data["ids"] == ids and len(data["labels"]) == len(ids)
-        got = torch.tensor(data["weights"])  # (nh, T, T)
-        assert got.shape == weights[layer][0].shape
-        assert torch.allclose(got, weights[layer][0], atol=1e-4)
-        assert len(data["scores"]) == loaded.model.config.n_layer
-        assert len(data["scores"][layer]) == loaded.model.config.n_head
+        for head in range(loaded.model.config.n_head):
+            data = client.post("/api/attention", json={"ids": ids, "layer": layer, "head": head}).json()
+            assert data["ids"] == ids and len(data["labels"]) == len(ids)
+            got = torch.tensor(data["weights"])  # (T, T)
+            assert got.shape == weights[layer][0, head].shape
+            assert torch.allclose(got, weights[layer][0, head], atol=1e-4)
+            assert torch.allclose(torch.tensor(data["heads"]), weights[layer][0], atol=1e-4)  # T <= 96: in full
+            assert len(data["scores"]) == loaded.model.config.n_layer
+            assert len(data["scores"][layer]) == loaded.model.config.n_head
+
+
+def test_the_pictures_of_a_long_text_s_heads_keep_each_block_s_largest_weight():
+    weights = torch.rand(3, 250, 250).tril()  # (nh, T, T)
+    weights[1] = torch.eye(250)  # a head that looks at its own token: one thin line
+    small = pictures(weights)
+    assert small.shape == (3, PICTURE_CELLS, PICTURE_CELLS)
+    assert torch.equal(small[1].diagonal(), torch.ones(PICTURE_CELLS))  # the line is still drawn
+    # a cell stands for the rows and columns floor(i * T / S) to ceil((i + 1) * T / S)
+    i, j = 40, 17
+    rows, cols = slice(i * 250 // 96, -(-(i + 1) * 250 // 96)), slice(j * 250 // 96, -(-(j + 1) * 250 // 96))
+    assert small[0, i, j] == weights[0, rows, cols].max()
+    assert torch.equal(pictures(weights[:, :96, :96]), weights[:, :96, :96])  # short texts are sent whole
 
 
 def test_a_sequence_longer_than_the_context_is_seen_through_its_last_window(client, loaded):
@@ -136,7 +151,7 @@ def test_a_sequence_longer_than_the_context_is_seen_through_its_last_window(clie
     block = loaded.model.config.block_size
     data = client.post("/api/attention", json={"ids": ids, "layer": 0}).json()
     assert data["ids"] == ids[-block:]
-    assert torch.tensor(data["weights"]).shape[-1] == block
+    assert torch.tensor(data["weights"]).shape == (block, block)
 
 
 def test_heads_are_scored_and_labelled_by_where_they_look():
@@ -356,6 +371,9 @@ def test_a_bad_completion_request_gets_a_4xx_naming_the_field(client, body, para
         ("/api/generate", {"prompt": "\udcff"}, "prompt"),  # bytes that are not UTF-8, sent raw
         ("/api/attention", {"ids": []}, "ids"),
         ("/api/attention", {"ids": [1], "layer": 99}, "layer"),
+        ("/api/attention", {"ids": [1], "head": 99}, "head"),
+        ("/api/attention", {"ids": [1], "head": -1}, "head"),
+        ("/api/lens", {"ids": [1], "layer": 0}, "layer"),
         ("/api/attention", {"ids": [10**9]}, "ids"),
         ("/api/lens", {"ids": ["a"]}, "ids"),
         ("/api/explain", {"ids": [1, 2], "head": 99}, "head"),

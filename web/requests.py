@@ -44,16 +44,14 @@ class TalkRequest(Strict):
 
 
 class TokensRequest(Strict):
-    """POST /api/attention, /api/lens: a sequence of token ids the page already has."""
+    """POST /api/lens: a sequence of token ids the page already has."""
 
     ids: TokenIds = Field(min_length=1, max_length=100_000)
-    layer: StrictInt = Field(0, ge=0)
 
 
-class ExplainRequest(Strict):
-    """POST /api/explain: explain.py's walk through one layer and head."""
+class HeadRequest(TokensRequest):
+    """POST /api/attention, /api/explain: the ids, and one layer and head to look at."""
 
-    ids: TokenIds = Field(min_length=1, max_length=100_000)
     layer: StrictInt = Field(0, ge=0)
     head: StrictInt = Field(0, ge=0)
 

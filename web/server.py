@@ -3,7 +3,8 @@
     GET  /                  the page (static/index.html), /static/... its script and style
     GET  /api/info          the model, the run, what the page may ask
     POST /api/generate      sampling streamed as server-sent events (web.talk)
-    POST /api/attention     one layer's weights (nh, T, T) and every head's score and kind
+    POST /api/attention     one head's weights (T, T), every head of its layer as a small picture, every
+                            head's score and kind
     POST /api/lens          the logit lens: each layer's top guesses at each position
     POST /api/explain       explain.py's walk through one layer, as `explain.py --json` prints it
     POST /api/copies        spans that occur word for word in the training text
@@ -39,7 +40,7 @@ from web.requests import (
     BadRequest,
     BodyLimit,
     CopiesRequest,
-    ExplainRequest,
+    HeadRequest,
     Limits,
     TalkRequest,
     TokensRequest,
@@ -52,6 +53,21 @@ from web.talk import Labels, talk
 STATIC = Path(__file__).parent / "static"
 SEND_EVERY = 0.05  # seconds: tokens reach the page in batches no one sees as such
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+# A layer's heads go to the page as pictures of at most this many cells a side: all of them in full at
+# GPT-2's 1,024 tokens would be 12 million numbers, for pictures shown 96 pixels wide.
+PICTURE_CELLS = 96
+
+
+def rounded(weights: torch.Tensor) -> torch.Tensor:
+    return (weights * 1e4).round() / 1e4  # four decimals: what the page shows
+
+
+def pictures(weights: torch.Tensor) -> torch.Tensor:
+    """(nh, T, T) -> (nh, S, S), S = min(T, PICTURE_CELLS): each cell the largest weight of the cells it
+    stands for, so that a thin line (a head that looks at the token before) stays visible."""
+    if weights.size(-1) <= PICTURE_CELLS:
+        return weights
+    return torch.nn.functional.adaptive_max_pool2d(weights.float(), PICTURE_CELLS)
 
 
 class Studio:
@@ -98,18 +114,20 @@ class Studio:
     def idx(self, ids: list[int]) -> torch.Tensor:
         return torch.tensor([ids], dtype=torch.long, device=self.model.transformer.wte.weight.device)  # (1, T)
 
-    def attention(self, request: TokensRequest) -> dict:
-        self.check_layer(request.layer)
+    def attention(self, request: HeadRequest) -> dict:
+        self.check_layer(request.layer, request.head)
         ids = self.window(request.ids)
         with self.lock:
             weights = [w[0] for w in self.model.attention_weights(self.idx(ids))]  # each (nh, T, T)
         scores = head_scores(weights, ids)
-        chosen = (weights[request.layer] * 1e4).round() / 1e4
+        chosen = weights[request.layer]  # (nh, T, T)
         return {
             "layer": request.layer,
+            "head": request.head,
             "labels": [self.labels(i) for i in ids],
             "ids": ids,
-            "weights": chosen.tolist(),
+            "weights": rounded(chosen[request.head]).tolist(),  # (T, T)
+            "heads": rounded(pictures(chosen)).tolist(),  # (nh, S, S), S = min(T, PICTURE_CELLS)
             "scores": [[vars(s) for s in layer] for layer in scores],
         }
 
@@ -126,7 +144,7 @@ class Studio:
         ]
         return {"labels": [self.labels(i) for i in ids], "ids": ids, "top": top, "first_layer": first_layer(tokens)}
 
-    def explain(self, request: ExplainRequest) -> dict:
+    def explain(self, request: HeadRequest) -> dict:
         import explain  # the script's walk: the page shows what `explain.py --json` prints
 
         self.check_layer(request.layer, request.head)
@@ -227,7 +245,7 @@ def make_app(loaded: Loaded, limits: Limits | None = None) -> FastAPI:
         return StreamingResponse(studio.generate(request), media_type="text/event-stream", headers=SSE_HEADERS)
 
     @app.post("/api/attention")
-    def attention(request: TokensRequest) -> dict:
+    def attention(request: HeadRequest) -> dict:
         return studio.attention(request)
 
     @app.post("/api/lens")
@@ -235,7 +253,7 @@ def make_app(loaded: Loaded, limits: Limits | None = None) -> FastAPI:
         return studio.lens(request)
 
     @app.post("/api/explain")
-    def explain(request: ExplainRequest) -> dict:
+    def explain(request: HeadRequest) -> dict:
         return studio.explain(request)
 
     @app.post("/api/copies")

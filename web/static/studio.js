@@ -165,8 +165,8 @@ async function showAttention() {
   if (needText("heatmap")) return;
   const layer = Number($("attention-layer").value || 0);
   const head = Number($("attention-head").value || 0);
-  const data = await post("/api/attention", { ids: ids(), layer });
-  drawHeatmap(data.weights[head], data.labels);
+  const data = await post("/api/attention", { ids: ids(), layer, head });
+  drawHeatmap(data.weights, data.labels);
   drawHeads(data, layer);
 }
 
@@ -234,8 +234,8 @@ function paintedWeights(weights, size, attributes = {}) {
 }
 
 function drawHeads(data, layer) {
-  const T = data.labels.length, size = T > 96 ? 96 : T * Math.floor(96 / T);
-  const heads = data.weights.map((weights, h) => {
+  const S = data.heads[0].length, size = S * Math.max(1, Math.floor(96 / S));  // S: at most 96 cells a side
+  const heads = data.heads.map((weights, h) => {
     const canvas = paintedWeights(weights, size);
     const score = data.scores[layer][h];
     const kind = score.kind ? el("span", { class: "kind" }, score.kind) : "";
