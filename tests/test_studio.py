@@ -329,6 +329,39 @@ def test_a_stop_string_ends_the_text_before_it(client):
     assert cut["choices"][0]["finish_reason"] == "stop"
 
 
+# The bodies lm-evaluation-harness 0.4.13's `local-completions` model sends, a batch of prompts at a time:
+# to score a continuation it asks for one new token and sums token_logprobs[len(context):-1]; to generate,
+# it sends a task's `until` strings and the tokenizer's <|endoftext|> as `stop`.
+LM_EVAL_SCORE = {"model": "tinygpt2", "temperature": 0, "max_tokens": 1, "logprobs": 1, "seed": 1234, "echo": True}
+LM_EVAL_GENERATE = {"model": "tinygpt2", "max_tokens": 12, "temperature": 0, "seed": 1234}
+
+
+def test_lm_eval_scores_a_continuation_as_the_model_does_even_where_the_model_would_end_the_text(loaded):
+    ids, context = prompt_ids(loaded), 3
+    with torch.no_grad():
+        logprobs = torch.log_softmax(loaded.model(torch.tensor([ids]))[0][0], dim=-1)  # (T, vocab)
+    expected = sum(logprobs[i - 1, ids[i]].item() for i in range(context, len(ids)))
+    app = make_app(loaded)
+    app.state.studio.session.eot = logprobs[-1].argmax().item()  # the token the model would write next ends the text
+    with TestClient(app) as client:
+        body = client.post("/v1/completions", json=LM_EVAL_SCORE | {"prompt": [ids, ids]}).json()
+    for choice in body["choices"]:
+        assert choice["finish_reason"] == "stop" and len(choice["logprobs"]["token_logprobs"]) == len(ids) + 1
+        assert sum(choice["logprobs"]["token_logprobs"][context:-1]) == pytest.approx(expected, abs=1e-4)
+        assert choice["text"] == loaded.tokenizer.decode(ids)
+    assert body["usage"]["completion_tokens"] == 2
+
+
+def test_lm_eval_generates_for_a_batch_of_prompts_with_its_stop_strings(client, loaded):
+    stops = ["\n", ".", ",", ";", "!", "<|endoftext|>"]
+    prompts = [prompt_ids(loaded)] * 16
+    answer = client.post("/v1/completions", json=LM_EVAL_GENERATE | {"prompt": prompts, "stop": stops})
+    assert answer.status_code == 200, answer.text
+    choices = answer.json()["choices"]
+    assert [c["index"] for c in choices] == list(range(16)) and len({c["text"] for c in choices}) == 1
+    assert not any(stop in choices[0]["text"] for stop in stops)
+
+
 BAD_REQUESTS = [
     ({"prompt": 3}, "prompt"),
     ({"prompt": [[1, 2], "x"]}, "prompt"),
@@ -344,14 +377,14 @@ BAD_REQUESTS = [
     ({"n": 100}, "n"),
     ({"logprobs": 1000}, "logprobs"),
     ({"stop": ["", "a"]}, "stop"),
-    ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+    ({"stop": [str(i) for i in range(Limits.max_stops + 1)]}, "stop"),
     ({"seed": -5}, "seed"),
     ({"presence_penalty": 1.0}, "presence_penalty"),
     ({"best_of": 3}, "best_of"),
     ({"suffix": "x"}, "suffix"),
     ({"stream": True, "echo": True}, "echo"),
     ({"prompt": "x" * 100_001}, "prompt"),
-    ({"prompt": ["a"] * 9}, "prompt"),
+    ({"prompt": ["a"] * (Limits.max_choices + 1)}, "prompt"),
 ]
 
 

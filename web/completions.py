@@ -6,7 +6,9 @@ those), max_tokens, temperature, top_p, n, stop, seed, logprobs, echo, stream. p
 frequency_penalty and best_of are taken at their neutral values only; anything else is refused by name.
 logprobs are the model's own (temperature 1, nothing cut), whatever temperature the text was sampled at.
 With echo, the prompt's tokens come first in `logprobs` (the first has none), which is how
-lm-evaluation-harness scores a text: echo=true, max_tokens=0, logprobs=1.
+lm-evaluation-harness scores a text: echo=true, max_tokens=1, logprobs=1, then it drops the last entry as
+the new token's. So a new <|endoftext|> is listed in `logprobs` too (and counted), though the text ends
+before it.
 """
 
 from __future__ import annotations
@@ -102,8 +104,8 @@ class Completions:
         if request.best_of not in (None, 1, request.n):
             raise BadRequest("best_of: not supported; leave it out", "best_of")
         stops = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
-        if len(stops) > 4 or any(not s for s in stops):
-            raise BadRequest("stop: up to 4 non-empty strings", "stop")
+        if len(stops) > self.limits.max_stops or any(not s for s in stops):
+            raise BadRequest(f"stop: up to {self.limits.max_stops} non-empty strings", "stop")
         if request.stream and request.echo:
             raise BadRequest("echo: not supported with stream; leave one out", "echo")
         return stops
@@ -149,9 +151,10 @@ class Completions:
         logprobs = torch.log_softmax(logits.float(), dim=-1)  # (vocab,)
         choice.token_logprobs.append(logprobs[token].item())
         top = torch.topk(logprobs, min(k, logprobs.numel())) if k else None
-        decode = self.session.tokenizer.decode
         choice.top_logprobs.append(
-            {decode([t]): v for t, v in zip(top.indices.tolist(), top.values.tolist(), strict=True)} if top else {}
+            {self.token_text(t): v for t, v in zip(top.indices.tolist(), top.values.tolist(), strict=True)}
+            if top
+            else {}
         )
 
     def sample(
@@ -169,14 +172,14 @@ class Completions:
         try:
             for logits, token in steps:
                 token = token.item()
+                choice.completion_tokens += 1
+                if request.logprobs is not None:  # <|endoftext|> too: lm-eval drops the last entry as the new token's
+                    choice.tokens.append(token)
+                    self.add_logprobs(choice, logits[0], token, request.logprobs)
                 if token == session.eot:
                     choice.finish_reason = "stop"
                     break
                 piece = text.add(token)
-                choice.completion_tokens += 1
-                if request.logprobs is not None:
-                    choice.tokens.append(token)
-                    self.add_logprobs(choice, logits[0], token, request.logprobs)
                 choice.text += piece
                 yield piece
                 if text.stopped:
@@ -193,7 +196,9 @@ class Completions:
 
     def token_text(self, token: int) -> str:
         """A token as `logprobs` lists it: its text, or where it holds part of a character, its bytes
-        written as OpenAI's API writes them (bytes:\\xe2\\x80)."""
+        written as OpenAI's API writes them (bytes:\\xe2\\x80); <|endoftext|> as itself."""
+        if token == self.session.eot:
+            return self.session.tokenizer.decode([token], skip_special_tokens=False)
         text = self.session.tokenizer.decode([token])
         if "\ufffd" not in text:
             return text
@@ -205,9 +210,9 @@ class Completions:
     def logprobs_body(self, choice: Choice) -> dict:
         tokens = [self.token_text(t) for t in choice.tokens]
         offsets, at = [], 0
-        for token in tokens:
+        for token, id_ in zip(tokens, choice.tokens, strict=True):
             offsets.append(at)
-            at += len(token)
+            at += 0 if id_ == self.session.eot else len(token)  # the text leaves <|endoftext|> out
         return {
             "tokens": tokens,
             "token_logprobs": choice.token_logprobs,

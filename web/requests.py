@@ -20,7 +20,8 @@ class Limits:
     max_new_tokens: int = 2048  # tokens one completion may generate
     max_prompt_chars: int = 100_000  # characters of prompt text
     max_body_bytes: int = 1_000_000  # bytes of one request
-    max_choices: int = 8  # completions one request may ask for (n x prompts)
+    max_choices: int = 64  # completions one request may ask for (n x prompts): lm-eval's --batch_size
+    max_stops: int = 16  # stop strings (lm-eval sends a task's `until` and <|endoftext|>)
     max_logprobs: int = 20  # alternatives per token in `logprobs`
 
 
