@@ -108,13 +108,9 @@ def stream(
     once every row has produced one of `stop_tokens`. What the model sees: `Window`. Tokens stay on
     the model's device; nothing waits for the device except what reads them. They are inference
     tensors (made under torch.inference_mode): read them, or clone them outside inference mode
-    before autograd sees them. `generate` returns a normal one. `on_logits` is given each step's
-    logits, (B, vocab), before its tokens are yielded: what a page that shows the tokens the model
-    could have written instead reads."""
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
-    if idx.dim() != 2 or idx.size(1) == 0:
-        raise ValueError("idx must be a (batch, tokens) tensor holding at least one token")
+    before autograd sees them. `generate` returns a normal one. `on_logits` is handed each step's
+    logits, (B, vocab), before its tokens are yielded (the studio shows what else could have come)."""
+    check_prompt(idx, max_new_tokens)
     check_sampling(temperature, top_k, top_p)
     stops = StopTokens(stop_tokens, idx)
     # Each stretch of work between two yields runs in inference mode (cheaper per operation than
@@ -133,10 +129,15 @@ def stream(
             if stops.all_finished():
                 break
     finally:
-        # A stream left unfinished until the interpreter exits is closed while torch's modules are being
-        # torn down; the process drops the model with everything else then.
-        if not sys.is_finalizing():
+        if not sys.is_finalizing():  # (at exit, torch is being torn down and the model goes with it)
             window.close()
+
+
+def check_prompt(idx: torch.Tensor, max_new_tokens: int) -> None:
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+    if idx.dim() != 2 or idx.size(1) == 0:
+        raise ValueError("idx must be a (batch, tokens) tensor holding at least one token")
 
 
 @torch.no_grad()

@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import torch
-from fastapi import FastAPI
+from fastapi import APIRouter, FastAPI
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 from fastapi.staticfiles import StaticFiles
@@ -222,58 +222,74 @@ async def in_a_thread(events: Iterator[str]) -> AsyncIterator[str]:
 
 
 def make_app(loaded: Loaded, limits: Limits | None = None) -> FastAPI:
-    limits = limits or Limits()
-    studio = Studio(loaded, limits)
+    studio = Studio(loaded, limits or Limits())
     app = FastAPI(title="tinygpt2 studio", docs_url=None, redoc_url=None, openapi_url=None)
     app.add_exception_handler(RequestValidationError, invalid_request)
     app.add_exception_handler(StarletteHTTPException, http_error)
     app.add_exception_handler(BadRequest, bad_request)
-    app.add_middleware(BodyLimit, limit=limits.max_body_bytes)
+    app.add_exception_handler(Exception, failed)
+    app.add_middleware(BodyLimit, limit=studio.limits.max_body_bytes)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
+    app.include_router(page_routes(studio))
+    app.include_router(openai_routes(studio))
     app.state.studio = studio
+    return app
 
-    @app.get("/")
+
+def page_routes(studio: Studio) -> APIRouter:
+    """The page, and the JSON calls it makes."""
+    router = APIRouter()
+
+    @router.get("/")
     def page() -> FileResponse:
         return FileResponse(STATIC / "index.html")
 
-    @app.get("/api/info")
+    @router.get("/api/info")
     def info() -> dict:
         return studio.info()
 
-    @app.post("/api/generate")
+    @router.post("/api/generate")
     def generate(request: TalkRequest) -> StreamingResponse:
         return StreamingResponse(studio.generate(request), media_type="text/event-stream", headers=SSE_HEADERS)
 
-    @app.post("/api/attention")
+    @router.post("/api/attention")
     def attention(request: HeadRequest) -> dict:
         return studio.attention(request)
 
-    @app.post("/api/lens")
+    @router.post("/api/lens")
     def lens(request: TokensRequest) -> dict:
         return studio.lens(request)
 
-    @app.post("/api/explain")
+    @router.post("/api/explain")
     def explain(request: HeadRequest) -> dict:
         return studio.explain(request)
 
-    @app.post("/api/copies")
+    @router.post("/api/copies")
     def copied(request: CopiesRequest) -> dict:
         return studio.copies.find(request.ids, request.min_tokens)
 
-    @app.get("/api/history")
+    @router.get("/api/history")
     def learned() -> dict:
-        return history.history(loaded.path)
+        return history.history(studio.loaded.path)
 
-    @app.get("/v1/models")
+    return router
+
+
+def openai_routes(studio: Studio) -> APIRouter:
+    """What OpenAI's clients call: the model list and completions."""
+    router = APIRouter()
+
+    @router.get("/v1/models")
     def models() -> dict:
         return {"object": "list", "data": [{"id": studio.name, "object": "model", "owned_by": "tinygpt2"}]}
 
-    @app.post("/v1/completions", response_model=None)
+    @router.post("/v1/completions", response_model=None)
     def completions(request: CompletionRequest):
         return studio.complete(request)
 
-    @app.exception_handler(Exception)
-    async def failed(request, err: Exception) -> JSONResponse:  # a bug of ours: said, and the server goes on
-        return JSONResponse({"error": {"message": f"{type(err).__name__}: {err}", "type": "server_error"}}, 500)
+    return router
 
-    return app
+
+async def failed(request, err: Exception) -> JSONResponse:
+    """A bug of ours: said in a 500, and the server goes on."""
+    return JSONResponse({"error": {"message": f"{type(err).__name__}: {err}", "type": "server_error"}}, 500)
