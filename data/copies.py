@@ -43,6 +43,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -437,9 +438,13 @@ class CopyIndex:
         tail = np.asarray(self.tokens[(len(self.marks) - 1) * MARK_EVERY :])
         separators = int(self.marks[-1, 2] + self.table[tail, 2].sum())
         picks = rng.integers(1, len(self.starts), size=4) if len(self.starts) > 1 else []
-        if separators != len(self.starts) - 1 or any(
-            not 0 < self.starts[k] <= self.n or not self.table[int(self.tokens[int(self.starts[k]) - 1]), 2]
-            for k in picks
+        if (
+            separators != len(self.starts) - 1
+            or self.starts[0] != 0
+            or any(
+                not 0 < self.starts[k] <= self.n or not self.table[int(self.tokens[int(self.starts[k]) - 1]), 2]
+                for k in picks
+            )
         ):
             raise DamagedIndex(self.folder, "starts.bin does not hold where the documents begin")
 
@@ -478,12 +483,19 @@ class CopyIndex:
         chars -= self.table[int(self.tokens[position]), 3]  # begun inside a character: that character's offset
         return int(chars), int(newlines) + 1, int(separators) if self.has_separator else None
 
-    def in_document(self, line: int, document: int | None) -> dict[str, Any]:
-        """Copy's fields for the place of a line in a document: its line there, and the file and the
-        document of the file it is in (where attach_files named the files)."""
+    def in_document(self, position: int, line: int, document: int | None) -> dict[str, Any]:
+        """Copy's fields for the place of a train.bin position (on that line, in that document): its
+        line in the document, and the file and the document of the file it is in (where attach_files
+        named the files)."""
         if document is None:
             return {}
-        place = {"line_in_document": line - self.locate(int(self.starts[document]))[1] + 1}
+        start, end = (
+            int(self.starts[document]),
+            int(self.starts[document + 1]) if document + 1 < len(self.starts) else self.n,
+        )
+        if not start <= position < end:
+            raise DamagedIndex(self.folder, f"starts.bin does not hold where document {document} begins")
+        place = {"line_in_document": line - self.locate(start)[1] + 1}
         if self.files:
             k = bisect.bisect_right(self.firsts, document) - 1
             path, count = self.files[k]
@@ -494,28 +506,40 @@ class CopyIndex:
         """Name the training file of each document: files.json, made once from the source's files (a
         corpus of several files is read once to count their documents)."""
         path = self.folder / "files.json"
-        try:
-            saved = json.loads(path.read_text(encoding="utf-8"))
-            files = [(str(f), c) for f, c in saved["files"]] if saved.get("entry") == self.entry.key else None
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            files = None
+        files = saved_files(path, self.entry.key, source.train_files)
         if files is None:
-            if len(source.train_files) == 1:  # nothing to read: every document is in it (one, or not counted)
-                counts = [1 if len(self.starts) == 1 else None]
-            else:
-                counts = [source.count_documents(f) for f in source.train_files]
-            files = list(zip(source.train_files, counts, strict=True))
+            try:
+                files = count_files(source, len(self.starts))
+            except (DataError, OSError) as err:
+                log.warning("the training files' documents cannot be counted (%s); spans are placed by document", err)
+                return
             with contextlib.suppress(OSError):  # (kept in memory only where the folder cannot be written)
                 write_json(path, {"entry": self.entry.key, "files": files})
         counts = [c or 0 for _, c in files]
         if len(files) > 1 and sum(counts) < len(self.starts):
             log.warning(
-                "%s does not count the %d documents of the training text; spans are placed by document",
-                path,
-                len(self.starts),
+                "%s does not count the %d training documents; spans are placed by document", path, len(self.starts)
             )
             return
-        self.files, self.firsts = files, [sum(counts[:k]) for k in range(len(files))]
+        self.files, self.firsts = files, list(itertools.accumulate(counts, initial=0))[:-1]
+
+
+def saved_files(path: Path, key: str, train_files: list[str]) -> list[tuple[str, int | None]] | None:
+    """files.json's files and counts, if it is this entry's and names these files, each with a count."""
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+        files = [(f, c) for f, c in saved["files"]] if saved.get("entry") == key else []
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    counted = all(c is None or (type(c) is int and c >= 0) for _, c in files)
+    return files if counted and [f for f, _ in files] == train_files else None
+
+
+def count_files(source, documents: int) -> list[tuple[str, int | None]]:
+    """Each training file with its number of documents (None: one file of several, not counted)."""
+    if len(source.train_files) == 1:  # nothing to read: every document is in it
+        return [(source.train_files[0], 1 if documents == 1 else None)]
+    return [(f, source.count_documents(f)) for f in source.train_files]
 
 
 def read_meta(folder: Path) -> dict[str, Any]:
@@ -579,9 +603,8 @@ def find_spans(index: CopyIndex, query: np.ndarray, min_tokens: int) -> list[Cop
         members = counted[start] if members is None else members
         position = int(members.min())
         chars, line, document = index.locate(position)
-        found.append(
-            Copy(start, end, len(members), position, chars, line, document, **index.in_document(line, document))
-        )
+        place = index.in_document(position, line, document)
+        found.append(Copy(start, end, len(members), position, chars, line, document, **place))
     return found
 
 

@@ -25,7 +25,15 @@ from urllib.parse import urlparse
 from data.cache import missing_folders, remove_if_empty
 from data.corpus import Corpus, Part
 from data.errors import DataError
-from data.files import check_no_nul_characters, expand_paths, file_stats, find_not_utf8, text_rows
+from data.files import (
+    check_no_nul_characters,
+    expand_paths,
+    file_stats,
+    find_not_utf8,
+    line_documents,
+    read_text,
+    text_rows,
+)
 from data.shards import PIECE_CHARS
 
 if TYPE_CHECKING:
@@ -148,6 +156,13 @@ def files_source(cfg, path: str) -> Source:
 def count_documents(file: str, fmt: str, reading: dict) -> int:
     """The documents of one training file, as reading the corpus splits them (the copy index names
     the file a copied span comes from with these counts)."""
+    if fmt == "txt" and reading["one_document_per"] == "line":  # each non-empty line
+        return sum(row["text"].count("\n") + 1 for row in line_documents(file, reading["errors"]))
+    if fmt == "txt":  # the file, unless it holds no text
+        return int(any(read_text(file, reading["errors"])))
+    with open(file, "rb") as head:
+        if not head.read(4096).strip() and os.path.getsize(file) <= 4096:
+            return 0  # no rows: nothing for the table reader to read
     part = file_part([file], fmt, reading, PIECE_CHARS, "train", file)
     documents = 0
     for rows, _ in part.batches():

@@ -257,30 +257,62 @@ def test_the_run_s_files_name_the_file_and_line_a_span_is_in(prepared):
     assert again.files == index.files
 
 
-def test_rows_of_several_table_files_are_named_by_file_and_row_skipping_empty_ones(tmp_path):
-    rows = {
-        "a.jsonl": ["first file, row one", "", "first file, row three"],
-        "b.jsonl": [f"row {k} of the second file: " + "the king and the queen " * 3 for k in range(4)],
-    }
-    rows["val.jsonl"] = ["the validation text, " * 20]
-    (tmp_path / "train").mkdir()
+def table_corpus(folder: Path, rows: dict[str, list]):
+    """A run's settings and its prepared entry, from .jsonl files of these rows (and a validation file)."""
+    (folder / "train").mkdir()
     for name, texts in rows.items():
-        (tmp_path / ("" if name == "val.jsonl" else "train") / name).write_text(
-            "".join(json.dumps({"text": t}) + "\n" for t in texts), encoding="utf-8"
-        )
+        (folder / "train" / name).write_text("".join(json.dumps({"text": t}) + "\n" for t in texts), encoding="utf-8")
+    (folder / "val.jsonl").write_text(json.dumps({"text": "the validation text, " * 20}) + "\n", encoding="utf-8")
     cfg = compose_config(
         *TINY_OVERRIDES,
         "data=text",
-        f"data.path={tmp_path / 'train'}",
-        f"data.val_path={tmp_path / 'val.jsonl'}",
-        f"data.cache_dir={tmp_path / 'cache'}",
+        f"data.path={folder / 'train'}",
+        f"data.val_path={folder / 'val.jsonl'}",
+        f"data.cache_dir={folder / 'cache'}",
     )
-    entry = TextDataModule(cfg.data, cfg.tokenizer, cfg.model.block_size, cfg.seed, num_batches=1).prepare()
+    return cfg, TextDataModule(cfg.data, cfg.tokenizer, cfg.model.block_size, cfg.seed, num_batches=1).prepare()
+
+
+def test_rows_of_several_table_files_are_named_by_file_and_row_skipping_empty_ones(tmp_path):
+    rows = {
+        "a.jsonl": ["first file, row one", "", "first file, row three"],
+        "a2.jsonl": [],  # an empty file: no rows
+        "b.jsonl": [f"row {k} of the second file: " + "the king and the queen " * 3 for k in range(4)],
+    }
+    cfg, entry = table_corpus(tmp_path, rows)
     index = open_copy_index(cfg.data.cache_dir, entry.key, source_of_entry(cfg.data, cfg.tokenizer, entry.key))
     tokenizer = Tokenizer.from_str(entry.tokenizer_json)
     (copy,) = index.find(tokenizer.encode(rows["b.jsonl"][2], add_special_tokens=False).ids, min_tokens=8)
     assert (Path(copy.file).name, copy.document_in_file, copy.documents_in_file) == ("b.jsonl", 2, 4)
     assert copy.document == 4 and copy.line_in_document == 1
+
+
+def test_a_file_that_cannot_be_read_alone_leaves_spans_placed_by_document_in_one_warning(tmp_path, caplog):
+    rows = {"a.jsonl": ["the king and the queen went out " * 9], "b.jsonl": [4200, 4300]}  # numbers: read as text
+    cfg, entry = table_corpus(tmp_path, rows)  # with a.jsonl's columns; alone, b.jsonl's are numbers
+    with caplog.at_level(logging.WARNING, logger="data.copies"):
+        index = open_copy_index(cfg.data.cache_dir, entry.key, source_of_entry(cfg.data, cfg.tokenizer, entry.key))
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and r.name == "data.copies"]
+    assert len(warnings) == 1 and "spans are placed by document" in warnings[0]
+    ids = Tokenizer.from_str(entry.tokenizer_json).encode(rows["a.jsonl"][0], add_special_tokens=False).ids
+    (copy,) = index.find(ids, min_tokens=8)
+    assert copy.file is None and copy.document == 0
+
+
+@pytest.mark.parametrize("saved", ["another entry", "counts as text", "another file", "not json"])
+def test_a_files_json_that_is_not_this_entry_s_is_counted_again(prepared, saved):
+    cache, key, _, cfg = prepared
+    source = source_of_entry(cfg.data, cfg.tokenizer, key)
+    index = open_copy_index(cache, key, source)
+    path, right = index.folder / "files.json", [(f, 1) for f in source.train_files]
+    wrong = {
+        "another entry": {"entry": "other", "files": [[f, 1] for f in source.train_files]},
+        "counts as text": {"entry": key, "files": [[f, "1"] for f in source.train_files]},
+        "another file": {"entry": key, "files": [[f + "x", 1] for f in source.train_files]},
+    }.get(saved)
+    path.write_text("{" if saved == "not json" else json.dumps(wrong), encoding="utf-8")
+    assert open_copy_index(cache, key, source).files == right
+    assert [tuple(f) for f in json.loads(path.read_text(encoding="utf-8"))["files"]] == right
 
 
 def test_files_changed_since_they_were_tokenized_name_no_file(prepared, tmp_path):
@@ -315,6 +347,7 @@ DAMAGES = {
     "meta missing": lambda folder: (folder / "meta.json").unlink(),
     "meta not json": lambda folder: (folder / "meta.json").write_text("{", encoding="utf-8"),
     "starts cut short": lambda folder: os.truncate(folder / "starts.bin", 0),
+    "starts moved": lambda folder: np.full(1, 7, dtype=np.uint32).tofile(folder / "starts.bin"),
 }
 
 

@@ -67,7 +67,7 @@ def pictures(weights: torch.Tensor) -> torch.Tensor:
     stands for, so that a thin line (a head that looks at the token before) stays visible."""
     if weights.size(-1) <= PICTURE_CELLS:
         return weights
-    return torch.nn.functional.adaptive_max_pool2d(weights.float(), PICTURE_CELLS)
+    return torch.nn.functional.adaptive_max_pool2d(weights.float().cpu(), PICTURE_CELLS)  # (MPS: even sizes only)
 
 
 class Studio:
