@@ -297,6 +297,21 @@ def test_the_openai_client_gets_completions_in_its_own_format(client, loaded):
     assert streamed[-1].choices[0].finish_reason == choice.finish_reason
 
 
+def test_a_streamed_answer_carries_the_same_logprobs_chunk_by_chunk(client):
+    body = {"prompt": ["ROMEO:", "JULIET:"], "n": 2, "max_tokens": 12, "temperature": 1.0, "seed": 5, "logprobs": 3}
+    whole = client.post("/v1/completions", json=body).json()
+    streamed = client.post("/v1/completions", json=body | {"stream": True}).text
+    chunks = [json.loads(line[6:])["choices"][0] for line in streamed.splitlines() if line.startswith("data: {")]
+    assert len(whole["choices"]) == 4
+    for choice in whole["choices"]:
+        mine = [c for c in chunks if c["index"] == choice["index"]]
+        assert "".join(c["text"] for c in mine) == choice["text"]
+        for key in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
+            assert sum((c["logprobs"][key] for c in mine), []) == choice["logprobs"][key], key
+        assert [c["finish_reason"] for c in mine][-1] == choice["finish_reason"]
+        assert all(c["finish_reason"] is None for c in mine[:-1])
+
+
 def test_echo_with_logprobs_scores_the_prompt_as_the_model_does(client, loaded):
     ids = prompt_ids(loaded)
     body = client.post("/v1/completions", json={"prompt": ids, "max_tokens": 0, "echo": True, "logprobs": 1}).json()

@@ -56,6 +56,14 @@ class Choice:
     completion_tokens: int = 0
 
 
+@dataclass
+class Sent:
+    """How much of a choice's `logprobs` the stream has sent: tokens, and characters of their text."""
+
+    tokens: int = 0
+    chars: int = 0
+
+
 class Completions:
     """The endpoint's work for one model; `serve` runs under the server's model lock."""
 
@@ -207,16 +215,21 @@ class Completions:
             return "bytes:" + "".join(f"\\x{BYTE_LEVEL_ALPHABET[c]:02x}" for c in entry)
         return text
 
-    def logprobs_body(self, choice: Choice) -> dict:
-        tokens = [self.token_text(t) for t in choice.tokens]
-        offsets, at = [], 0
-        for token, id_ in zip(tokens, choice.tokens, strict=True):
+    def logprobs_body(self, choice: Choice, sent: Sent | None = None) -> dict:
+        """`logprobs` of the choice's tokens; given `sent`, of those after it (a streamed chunk's), and
+        sent then moves past them."""
+        sent = sent or Sent()
+        start, at = sent.tokens, sent.chars
+        tokens = [self.token_text(t) for t in choice.tokens[start:]]
+        offsets = []
+        for token, id_ in zip(tokens, choice.tokens[start:], strict=True):
             offsets.append(at)
             at += 0 if id_ == self.session.eot else len(token)  # the text leaves <|endoftext|> out
+        sent.tokens, sent.chars = len(choice.tokens), at
         return {
             "tokens": tokens,
-            "token_logprobs": choice.token_logprobs,
-            "top_logprobs": choice.top_logprobs,
+            "token_logprobs": choice.token_logprobs[start:],
+            "top_logprobs": choice.top_logprobs[start:],
             "text_offset": offsets,
         }
 
@@ -250,23 +263,27 @@ class Completions:
         return {"text": choice.text, "index": index, "logprobs": logprobs, "finish_reason": choice.finish_reason}
 
     def chunks(self, request: CompletionRequest, prompts: list[list[int]], stops: list[str]) -> Iterator[str]:
-        """The streamed answer: one `data:` chunk per piece of text, one with each finish_reason, then [DONE]."""
-        head, last = self.head(), {}
+        """The streamed answer: one `data:` chunk per piece of text (with, given `logprobs`, those of the
+        tokens since the last chunk), one with each finish_reason, then [DONE]."""
+        head, current, sent = self.head(), None, Sent()
         for index, choice, piece in self.choices(request, prompts, stops):
-            if last and index not in last:
-                yield self.chunk(head, *last.popitem(), "", request)
-            last = {index: choice}
+            if current is not None and current[0] != index:
+                yield self.chunk(head, *current, "", request, sent, finished=True)
+                sent = Sent()
+            current = (index, choice)
             if piece:
-                yield self.chunk(head, index, None, piece, request)
-        if last:
-            yield self.chunk(head, *last.popitem(), "", request)
+                yield self.chunk(head, index, choice, piece, request, sent)
+        if current is not None:
+            yield self.chunk(head, *current, "", request, sent, finished=True)
         yield "data: [DONE]\n\n"
 
-    def chunk(self, head: dict, index: int, choice: Choice | None, piece: str, request: CompletionRequest) -> str:
+    def chunk(
+        self, head: dict, index: int, choice: Choice, piece: str, request: CompletionRequest, sent: Sent, finished=False
+    ) -> str:
         body = {
             "text": piece,
             "index": index,
-            "logprobs": None,
-            "finish_reason": choice.finish_reason if choice else None,
+            "logprobs": self.logprobs_body(choice, sent) if request.logprobs is not None else None,
+            "finish_reason": choice.finish_reason if finished else None,
         }
         return f"data: {json.dumps(head | {'choices': [body]}, ensure_ascii=False)}\n\n"
