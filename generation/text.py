@@ -59,6 +59,7 @@ class TextStream:
         self.decoder = DecodeStream(skip_special_tokens=True)
         self.stops = StopStrings(stop_strings)
         self.text = ""  # everything given out so far
+        self.chars = 0  # characters the tokens so far decode to, stop strings or not
 
     @property
     def stopped(self) -> bool:
@@ -69,7 +70,9 @@ class TextStream:
         """The new printable text after one more token ("" while a character is incomplete)."""
         if self.stopped or not 0 <= token < self.vocab_size:  # ids past the tokenizer: padding rows of wte
             return ""
-        out = self.stops.feed(self.decoder.step(self.tokenizer, token) or "")
+        decoded = self.decoder.step(self.tokenizer, token) or ""
+        self.chars += len(decoded)
+        out = self.stops.feed(decoded)
         self.text += out
         return out
 

@@ -297,6 +297,19 @@ def test_the_openai_client_gets_completions_in_its_own_format(client, loaded):
     assert streamed[-1].choices[0].finish_reason == choice.finish_reason
 
 
+def test_text_offsets_point_into_the_text_where_a_token_holds_part_of_a_character(client, loaded):
+    byte_tokens = {byte: char for char, byte in BYTE_LEVEL_ALPHABET.items()}
+    text = "né🙂 ok"
+    ids = [loaded.tokenizer.token_to_id(byte_tokens[b]) for b in text.encode()]  # a token a byte
+    body = {"prompt": ids, "max_tokens": 6, "echo": True, "logprobs": 0, "temperature": 0}
+    choice = client.post("/v1/completions", json=body).json()["choices"][0]
+    offsets = choice["logprobs"]["text_offset"]
+    assert choice["text"].startswith(text) and len(offsets) == len(ids) + 6
+    # a byte's token begins at the character it is part of: the characters whole before it
+    assert offsets[: len(ids)] == [len(text.encode()[:k].decode("utf-8", "ignore")) for k in range(len(ids))]
+    assert offsets[len(ids)] == len(text) and offsets == sorted(offsets) and offsets[-1] <= len(choice["text"])
+
+
 def test_a_streamed_answer_carries_the_same_logprobs_chunk_by_chunk(client):
     body = {"prompt": ["ROMEO:", "JULIET:"], "n": 2, "max_tokens": 12, "temperature": 1.0, "seed": 5, "logprobs": 3}
     whole = client.post("/v1/completions", json=body).json()

@@ -53,15 +53,15 @@ class Choice:
     tokens: list[int] = field(default_factory=list)  # as logprobs lists them: the echoed prompt's, then the new
     token_logprobs: list[float | None] = field(default_factory=list)
     top_logprobs: list[dict[str, float] | None] = field(default_factory=list)
+    text_offset: list[int] = field(default_factory=list)  # where each token's text begins in `text`
     completion_tokens: int = 0
 
 
 @dataclass
 class Sent:
-    """How much of a choice's `logprobs` the stream has sent: tokens, and characters of their text."""
+    """How many of a choice's tokens the stream has sent the `logprobs` of."""
 
     tokens: int = 0
-    chars: int = 0
 
 
 class Completions:
@@ -152,6 +152,10 @@ class Completions:
         choice.tokens.extend(ids)
         choice.token_logprobs.append(None)
         choice.top_logprobs.append(None)
+        text = TextStream(self.session.tokenizer)
+        for token in ids:  # (a token that ends a character begins at it; <|endoftext|> adds nothing)
+            choice.text_offset.append(text.chars)
+            text.add(token)
         for position in range(1, len(ids)):
             self.add_logprobs(choice, logits[0, position - 1], ids[position], logprobs)
 
@@ -173,6 +177,7 @@ class Completions:
         generator = torch.Generator(device=device).manual_seed(seed)
         text = TextStream(session.tokenizer, stops)
         top_p = request.top_p if request.top_p < 1 else None
+        before = len(choice.text)  # the echoed prompt's
         steps = sampled(
             model, torch.tensor([ids], device=device), request.max_tokens, temperature=request.temperature,
             top_p=top_p, generator=generator, stop_tokens=None if session.eot is None else [session.eot],
@@ -183,6 +188,7 @@ class Completions:
                 choice.completion_tokens += 1
                 if request.logprobs is not None:  # <|endoftext|> too: lm-eval drops the last entry as the new token's
                     choice.tokens.append(token)
+                    choice.text_offset.append(before + text.chars)
                     self.add_logprobs(choice, logits[0], token, request.logprobs)
                 if token == session.eot:
                     choice.finish_reason = "stop"
@@ -219,18 +225,12 @@ class Completions:
         """`logprobs` of the choice's tokens; given `sent`, of those after it (a streamed chunk's), and
         sent then moves past them."""
         sent = sent or Sent()
-        start, at = sent.tokens, sent.chars
-        tokens = [self.token_text(t) for t in choice.tokens[start:]]
-        offsets = []
-        for token, id_ in zip(tokens, choice.tokens[start:], strict=True):
-            offsets.append(at)
-            at += 0 if id_ == self.session.eot else len(token)  # the text leaves <|endoftext|> out
-        sent.tokens, sent.chars = len(choice.tokens), at
+        start, sent.tokens = sent.tokens, len(choice.tokens)
         return {
-            "tokens": tokens,
+            "tokens": [self.token_text(t) for t in choice.tokens[start:]],
             "token_logprobs": choice.token_logprobs[start:],
             "top_logprobs": choice.top_logprobs[start:],
-            "text_offset": offsets,
+            "text_offset": choice.text_offset[start:],
         }
 
     def head(self) -> dict:
