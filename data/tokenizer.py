@@ -111,8 +111,9 @@ class Heartbeat:
             while not self.stopped.wait(REPORT_SECONDS):
                 log.info(self.message, time.monotonic() - started)
 
-        self.thread = threading.Thread(target=beat, name="heartbeat", daemon=True)
-        self.thread.start()
+        thread = threading.Thread(target=beat, name="heartbeat", daemon=True)
+        thread.start()
+        self.thread = thread  # (only once started: a signal between the two must not leave stop() a thread to wait for)
 
     def stop(self) -> None:
         self.stopped.set()
