@@ -1,11 +1,11 @@
 """Train a GPT-2 model: python train.py [model=nano] [data=shakespeare] [trainer.max_steps=N] ...
 
-Before Hydra starts, the shell checks the whole command line and chooses the run's folder: a new one, or
-the run that resume= continues (shell.launch); a command that cannot run is refused in one line and leaves
-nothing behind. Hydra then composes configs/ and calls `main` in that folder, once per job of a sweep. The
-shell resolves the run's settings (shell.settings), and the core trains: training/fit.py builds the model,
-the data and Lightning's Trainer and fits them; training/module.py holds the training step; model/gpt.py
-the GPT. `main` returns the final val/bpc, which Hydra's sweepers (-m, hparams_search=optuna) minimise.
+Hydra composes configs/ once per job (each job of a sweep: -m) and gives the job its run folder, which the
+shell chooses before Hydra makes it (shell.job.RunFolders: a new one, or the run resume= continues). The job
+is four plain calls: settle the settings (shell.settings: every setting checked, the data prepared), train
+(shell.run: the core's training/fit.py, which builds the model, the data and Lightning's Trainer, with the
+shell's loggers, progress bar and stop on a signal around it), and report how it ended. It returns the final
+val/bpc, which Hydra's sweepers (-m, hparams_search=optuna) minimise.
 """
 
 from __future__ import annotations
@@ -13,18 +13,25 @@ from __future__ import annotations
 if __name__ == "__main__":
     from shell.startup import start_up
 
-    start_up(lean_lightning=True)  # before the imports: Ctrl-C stops at once, no garbage collection yet
+    start_up()  # before the imports: Ctrl-C stops at once, no garbage collection yet
 
 import hydra
 from omegaconf import DictConfig
 
-from shell.job import job, launch
+from shell import command_line
+from shell.job import Job
+from shell.run import report, train
+from shell.settings import settle
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="train")
 def main(cfg: DictConfig) -> float | None:
-    return job(cfg)  # train the run Hydra composed, in its folder, and say how it ended
+    job = Job.of(cfg)  # the run folder Hydra gave this job, and the checkpoint it continues from
+    with job.ending():  # refused: one `error:` line, what the job made taken back; stopped: exit 130 or 143
+        settings, start = settle(cfg, job)  # every setting checked and worked out, the data prepared
+        result = train(settings, job, start)  # the core trains (training/fit.py); result.json records how it ended
+        return report(result, job)  # done, with how to sample from it; or stopped, with how to continue it
 
 
 if __name__ == "__main__":
-    launch(main)
+    command_line.run(main)  # Hydra runs `main`; an error of the command line is said in one line

@@ -1,6 +1,5 @@
-"""The errors a user's command line, settings, data or files can cause: each says, in one line, what
-was wrong and what to do, and train.py prints it without a traceback. Kept free of Lightning, so a
-command line is refused without loading it."""
+"""The errors a user's command line, settings, data or files can cause: each says in one line what was
+wrong and what to do, and train.py prints it without a traceback."""
 
 from __future__ import annotations
 
@@ -8,13 +7,15 @@ from checkpoint import CheckpointError
 from data import DataError
 from model import ConfigError
 from shell.checks import SettingError
-from shell.run_folder import RunFolderError
-from training.guard import TrainingDiverged  # (shell.run adds what is left of the run, and how to start it again)
+from training.guard import TrainingDiverged
+
+
+class RunFolderError(ValueError):
+    """A run or sweep folder that cannot be used as asked."""
 
 
 class RunWriteError(RuntimeError):
-    """A run's file (a checkpoint, a log, a tracker's, a picture) could not be written while it trained:
-    a full disk, a read-only one, a file-size limit. The message says what is left and how to go on."""
+    """A file of the run could not be written while it trained (a full disk, a file-size limit)."""
 
 
 class TrackerError(RuntimeError):
@@ -22,18 +23,8 @@ class TrackerError(RuntimeError):
 
 
 class ProcessLost(RuntimeError):
-    """Another process of a multi-process run ended (killed, or stopped by an error of its own) or
-    stopped answering while this one trained. The message says what is left and how to go on."""
+    """Another process of a multi-process run ended or stopped answering while this one trained."""
 
 
-USER_ERRORS = (
-    ConfigError,
-    DataError,
-    CheckpointError,
-    SettingError,
-    RunFolderError,
-    RunWriteError,
-    TrackerError,
-    TrainingDiverged,
-    ProcessLost,
-)
+USER_ERRORS = (ConfigError, DataError, CheckpointError, SettingError, RunFolderError, RunWriteError, TrackerError)
+USER_ERRORS += (TrainingDiverged, ProcessLost)

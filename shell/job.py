@@ -1,234 +1,263 @@
-"""A training job as train.py runs it under Hydra: the command line checked and the run folder chosen
-before Hydra starts (`launch`), then each job Hydra runs (one, or each of a sweep) trained by shell.run in
-its folder, and how it ended said: done (with its metrics and how to sample from it), stopped (with how to
-continue it), or refused (in one line). Ctrl-C is held while Hydra's own code runs (shell.ctrl_c)."""
+"""A job of train.py (the one run, or each run of a sweep): the run folder Hydra gives it, chosen before Hydra
+makes it (`RunFolders`, a Hydra callback: a new folder, or the run resume= continues), what it continues
+from (`Job`), and how it ends when it cannot train: refused in one line, what it made taken back; or stopped,
+with 130 or 143. (Hydra writes a line of its own to stderr for a job that raises, so a refusal ends the job
+in `Job.ending`, not in a callback.)"""
 
 from __future__ import annotations
 
+import contextlib
 import logging
-import math
 import os
-import re
-import shlex
-import shutil
-import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
-import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.experimental.callback import Callback
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from shell import resume
-from shell.command_line import CommandLineError
-from shell.config_groups import named_settings
-from shell.ctrl_c import (
-    WATCH,
-    defer_stop,
-    hold_ctrl_c,
-    raise_deferred_stop,
-    release_ctrl_c,
-    report_ctrl_c,
-    stopped_by_ctrl_c,
+from shell.checks import SettingError, check_writable, plain
+from shell.errors import USER_ERRORS, RunFolderError, RunWriteError, TrainingDiverged
+from shell.folders import (
+    RunFolder,
+    folder_of,
+    launcher_name,
+    launcher_restarted,
+    new_folder,
+    process_rank,
+    resumable_runs,
 )
-from shell.errors import USER_ERRORS, ProcessLost, RunWriteError, TrainingDiverged
-from shell.job_logging import log_libraries_to_file, quiet_console_of_other_processes, to_log_file
-from shell.launch import Launch
-from shell.run_folder import RunFolder, RunFolderError, process_rank, script
+from shell.settings import RunFinished, matches, named_settings
 from shell.startup import started
-from shell.sweep import OBJECTIVE, how_to_continue_sweep, result_record, summarize
-from shell.sweep_launch import CONTINUED_SWEEP
-
-if TYPE_CHECKING:
-    from shell.run import RunResult
+from shell.stops import Stopped, stops_raised
+from shell.sweeps import how_to_continue, result_record, summarize
 
 log = logging.getLogger("train")
 
 
-# ---- before Hydra, and each job --------------------------------------------------------------------------
+class RunFolders(Callback):
+    """Hydra's callback that chooses a run's folder before Hydra makes it and writes its record there: the run
+    resume= names, the newest unfinished run with these settings (resume=auto), the folder hydra.run.dir or a
+    torchrun or SLURM launch names (checked: new, or empty), else a new one under runs_root named by the time,
+    with -2, -3, ... where another run took that name. The first process of a launch holds its lock."""
 
-LAUNCHED: list[Launch] = []  # the command line this process checked (its defaults serve every job)
+    def __init__(self) -> None:
+        self.lock: int | None = None  # the run's, held while this process lives
 
-
-def launch(main: Callable[[], None]) -> None:
-    """train.py's start: check the whole command line and choose the run's folder (refused in one line,
-    leaving nothing behind), then hand it to Hydra, which calls `main` once per job. The checks import
-    more libraries as they need them, and a KeyboardInterrupt inside a C extension's import breaks it (an
-    ImportError, then a fatal error at exit): Ctrl-C is held until the command line is checked, and then
-    takes back the folder it claimed."""
-    hold_ctrl_c()
-    try:
-        checked = Launch(sys.argv[1:])
-        hydra_args = checked.hydra_args()
-        release_ctrl_c()
-    except (*USER_ERRORS, CommandLineError) as err:
-        sys.exit(f"error: {err}")
-    except KeyboardInterrupt:
-        stopped_by_ctrl_c()
-    if checked.shown is not None:
-        print(checked.shown, end="")
-        sys.exit(0)
-    LAUNCHED.append(checked)
-    sys.argv = [sys.argv[0], *hydra_args]
-    try:
-        hold_ctrl_c()
-        main()
-        release_ctrl_c()
-    except KeyboardInterrupt:  # while Hydra composed, before a job began (or after the last)
-        stopped_by_ctrl_c()
-
-
-def job(cfg: DictConfig) -> float | None:
-    """One job Hydra runs: train it and say how it ended; its final val/bpc, which sweepers minimise."""
-    defaults = LAUNCHED[-1].defaults if LAUNCHED else None
-    if defaults is None:  # (a job not started by launch)
-        defaults = OmegaConf.to_container(hydra.compose("train", overrides=[]), resolve=True)
-    release_ctrl_c()  # a Ctrl-C held while Hydra composed this job: raised before the job begins
-    raise_deferred_stop()  # and one the job before took at its last step
-    hydra_cfg = HydraConfig.get()
-    run_dir = Path(hydra_cfg.runtime.output_dir)
-    resuming = resume.resumes_a_run(cfg, hydra_cfg.output_subdir)
-    where = (run_dir, run_dir / hydra_cfg.output_subdir if resuming else None)
-    WATCH.arm(lambda: report_ctrl_c(*where))  # (Ctrl-C while the processes of a ddp launch start)
-    try:
-        return run_job(cfg, defaults)
-    except KeyboardInterrupt:
-        stopped_by_ctrl_c(*where)
-    finally:
-        hold_ctrl_c()  # Hydra's code again, until the next job (or the end)
-
-
-# ---- the run --------------------------------------------------------------------------------------------
-
-
-def quoted(text: str) -> str:
-    """text as one shell word, in double quotes as the README writes prompts (single where they would not do)."""
-    return shlex.quote(text) if re.search(r'["$`\\!\n]', text) else f'"{text}"'
-
-
-def prompt_option(prompt: str) -> str:
-    """--prompt and its value as a shell types them; joined by = where the value starts with -, which
-    argparse would otherwise read as an option of its own."""
-    return f"--prompt={quoted(prompt)}" if prompt.startswith("-") else f"--prompt {quoted(prompt)}"
-
-
-def continue_job(cfg: DictConfig, folder: RunFolder) -> float | None:
-    """A job of a sweep being continued (python train.py -m resume=SWEEP), before it trains: one that
-    finished is kept as it is (its objective returned), a stopped one continues from its checkpoint, and
-    what one that stopped before its first checkpoint wrote goes; None where it trains."""
-    from shell.run import describe_metrics
-
-    state = folder.continuation()
-    if state == "finished":
-        metrics = folder.read_result().get("metrics", {})
-        record = log.makeRecord(
-            log.name, logging.INFO, __file__, 0, "job %s finished before (%s); kept as it is",
-            (folder.path.name, describe_metrics(metrics)), None,
-        )  # fmt: skip
-        for handler in logging.getLogger().handlers:  # on the console alone: the job's train.log stays as it ended
-            if not isinstance(handler, logging.FileHandler) and log.isEnabledFor(logging.INFO):
-                if record.levelno >= handler.level:
-                    handler.handle(record)
-        return metrics.get(OBJECTIVE, math.inf)
-    if state == "resume":
-        resume.continue_from(cfg, folder.checkpoint_to_resume())
-    elif state == "again" and process_rank() == 0:
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        if config.hydra.runtime.choices.get("hparams_search"):
+            sys.exit(
+                "error: hparams_search is a search over many runs: add -m (python train.py -m hparams_search=optuna ...)"
+            )
         try:
-            folder.clear_start()
-        except RunFolderError as err:  # files of someone's own in it: left as they are, and the sweep goes on
-            log.error("error: %s", err)
-            return math.inf
+            folder, made, resuming = choose_folder(config)
+        except USER_ERRORS as err:  # (Hydra turns a callback's exception into a warning, and goes on)
+            sys.exit(f"error: {err}")
+        with read_write(config.hydra), open_dict(config.hydra):
+            config.hydra.run.dir = str(folder.path)
+            if resuming:  # Hydra's record of this command beside the run's first
+                config.hydra.output_subdir = f".hydra/resume-{datetime.now():%Y-%m-%d_%H-%M-%S}"
+        if process_rank() == 0:
+            self.lock = folder.lock(made)
+
+
+def choose_folder(config: DictConfig) -> tuple[RunFolder, Path | None, bool]:
+    """(the run folder, the outermost folder made for it or None, whether the run continues from a checkpoint
+    there), from the command line, the environment and what is on disk, so that every process of a launch
+    finds the same; only the first checks and says what it finds."""
+    resume, first = config.get("resume"), process_rank() == 0
+    if resume == "" or resume is not None and not isinstance(resume, str):
+        raise SettingError("resume= is empty: give the run to continue (resume=outputs/DATE/TIME), or leave resume= out "
+                           "to start a new run")  # fmt: skip
+    explicit = any(o.lstrip("+").startswith("hydra.run.dir=") for o in config.hydra.overrides.hydra)
+    if resume and resume != "auto":
+        folder = folder_of(resume)
+        if explicit and RunFolder(config.hydra.run.dir).path != folder.path:
+            raise RunFolderError(f"hydra.run.dir={config.hydra.run.dir} is not the run resume= continues ({folder.path}); "
+                                 "leave hydra.run.dir out")  # fmt: skip
+        if first and (owner := folder.held_by()):
+            raise folder.under_way(owner)
+        if first:
+            folder.check_continuable()
+        return folder, None, True
+    root, name = str(config.get("runs_root") or ""), launcher_name()
+    for key, place in (("runs_root", root), *((("hydra.run.dir", str(config.hydra.run.dir)),) if explicit else ())):
+        if not place.strip():
+            raise RunFolderError(f"{key} is empty; give a folder, e.g. {key}=outputs")
+        if "${" in str(Path(place).absolute()):
+            raise RunFolderError(f"{Path(place).absolute()} has ${{ in its path, which Hydra reads as a reference to a "
+                                 "setting; rename that folder, or run in another (runs_root=DIR, hydra.run.dir=DIR, or "
+                                 "from another folder)")  # fmt: skip
+        check_writable(key, place)
+    folder = RunFolder(config.hydra.run.dir) if explicit else RunFolder(Path(root) / name) if name else None
+    if folder is None and resume == "auto":
+        folder = newest_matching_run(config, first)
+    if folder is None:
+        folder, made = new_folder(root)
+        if resume == "auto":
+            print(f"resume=auto: no unfinished run under {RunFolder(root).path} has these settings; starting a new run in "
+                  f"{folder.path}")  # fmt: skip
+        return folder, made, False
+    restarted = launcher_restarted() and not explicit
+    if folder.has_checkpoint() and (resume == "auto" or restarted) and not folder.held_by():
+        if restarted and first:
+            print(f"this job was restarted by its scheduler: continuing {folder.path}", file=sys.stderr)
+        return folder, None, True
+    made = next((p for p in [*reversed(folder.path.parents), folder.path] if not p.exists()), None)
+    if first:
+        chosen_by = "hydra.run.dir" if explicit else f"run folder of this job ({folder.path.name})"
+        was_started = folder.started()
+        folder.check_new(chosen_by, restarted=restarted)
+        if restarted and was_started:
+            print(f"this job was restarted by its scheduler: {folder.path} stopped before its first checkpoint, so it "
+                  "starts again", file=sys.stderr)  # fmt: skip
+        if resume == "auto":
+            print(f"resume=auto: {folder.path} holds no checkpoint to continue from; starting a new run there")
+    return folder, made, False
+
+
+def newest_matching_run(config: DictConfig, first: bool) -> RunFolder | None:
+    """resume=auto: the newest unfinished run under runs_root whose settings are the ones asked for; None where
+    there is none. One that another process trains is refused."""
+    requested = plain(config)
+    named = named_settings(config.hydra.overrides.task, requested)
+    for folder in resumable_runs(requested["runs_root"]):
+        try:
+            saved = read_settings_of(folder)
+        except Exception:  # an unreadable checkpoint: not this one
+            continue
+        if saved and matches(requested, saved, named):
+            if first and (owner := folder.held_by()):
+                raise RunFolderError(f"resume=auto: the run with these settings, {folder.path}, is being trained by "
+                                     f"{owner}; wait for it to end (or stop it), then run this again")  # fmt: skip
+            return folder
     return None
 
 
-def run_job(cfg: DictConfig, defaults: dict) -> float | None:
-    """main's work: train the run Hydra composed (`defaults`: the settings with no override), and say how
-    it ended."""
-    from shell.run import train  # Lightning: loaded once the command line is known to be good
+def read_settings_of(folder: RunFolder) -> dict[str, Any]:
+    from checkpoint import read_header
 
-    started()  # the first job of the process: start-up is over (shell.startup)
-    log_libraries_to_file()
-    quiet_console_of_other_processes()
-    hydra_cfg = HydraConfig.get()
-    run_dir = Path(hydra_cfg.runtime.output_dir)
-    overrides = list(hydra_cfg.overrides.task)
-    multirun = hydra_cfg.mode == RunMode.MULTIRUN
-    if multirun and os.environ.get(CONTINUED_SWEEP) == str(RunFolder(hydra_cfg.sweep.dir).path):
-        kept = continue_job(cfg, RunFolder(run_dir))
-        if kept is not None:
-            return kept
-    requested = OmegaConf.to_container(cfg, resolve=True)
-    named = named_settings([o for o in overrides if not o.startswith("hydra.")], requested, defaults)
-    try:
-        result = train(cfg, run_dir, named=named, overrides=overrides)
-    except USER_ERRORS as err:
-        return ended_by_error(err, hydra_cfg, requested, overrides)
-    return report_result(result, hydra_cfg)
+    return read_header(folder.checkpoint_to_resume())["settings"]
 
 
-def ended_by_error(err: Exception, hydra_cfg: DictConfig, requested: dict, overrides: list[str]) -> float:
-    """A run that one of USER_ERRORS ended: the process exits saying it, but for a job of a sweep, which
-    records it (and returns the worst objective) so that the sweep goes on."""
-    run_dir = Path(hydra_cfg.runtime.output_dir)
-    multirun = hydra_cfg.mode == RunMode.MULTIRUN
-    if resume.resumes_a_run(requested, hydra_cfg.output_subdir):
-        shutil.rmtree(
-            run_dir / hydra_cfg.output_subdir, ignore_errors=True
-        )  # a refused resume leaves its run as it was
-    if not multirun or isinstance(err, RunWriteError):  # a full disk stops a sweep too
-        if isinstance(err, ProcessLost) or (isinstance(err, TrainingDiverged) and process_rank() == 0):
-            to_log_file(f"error: {err}")  # the run's own log says how it ended
-        if process_rank() != 0 and isinstance(err, TrainingDiverged | ProcessLost):
-            sys.exit(1)  # every process meets a divergence alike, and another's end is the first's to tell
-        sys.exit(f"error: {err}")
-    log.error("error: %s", err)  # one job of a sweep: recorded, and the sweep goes on
-    if isinstance(err, RunFolderError) or resume.asked(requested):  # a folder this job could not have, or
-        return math.inf  # a stopped job of a sweep that could not continue: whatever is there stays
-    folder = RunFolder(run_dir)
-    if not folder.result_file.is_file():  # (a job that diverged has recorded how)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        folder.write_result(result_record(folder, overrides, requested, {}, False, str(err)))
-    return math.inf
+# ---- the job -----------------------------------------------------------------------------------------------
 
 
-def report_result(result: RunResult, hydra_cfg: DictConfig) -> float | None:
-    """How a run that trained ended, said by the first process: stopped (with how to continue it, which
-    ends a sweep, and exits 130 or 143), or done (with its metrics and how to sample from it); returns its
-    final val/bpc."""
-    from shell.run import describe_metrics
-
-    run_dir = Path(hydra_cfg.runtime.output_dir)
-    multirun = hydra_cfg.mode == RunMode.MULTIRUN
+def log_to_the_run() -> None:
+    """The run's train.log (Hydra's file handler) gets what Lightning logs through its own handlers, and Python's
+    warnings; the processes of a launch beside the first keep their console to errors, which the first would
+    otherwise show once a process."""
+    files = [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
+    for name in ("lightning.pytorch", "lightning.fabric", "py.warnings"):
+        library = logging.getLogger(name)
+        for handler in [h for h in library.handlers if isinstance(h, logging.FileHandler)]:
+            library.removeHandler(handler)  # the job before's, in a sweep
+        for handler in files:
+            library.addHandler(handler)
+    logging.captureWarnings(True)
     if process_rank() != 0:
-        return result.metrics.get("val/bpc")
-    if not result.finished:
-        log.warning(
-            "stopped by %s at step %d; checkpoint saved. Continue with: %s",
-            result.stopped_by,
-            result.step,
-            RunFolder(run_dir).continue_command(),
-        )
-        if multirun:
-            summarize(Path(hydra_cfg.sweep.dir))
-            log.warning("the sweep stops here; %s", how_to_continue_sweep(Path(hydra_cfg.sweep.dir)))
-        # 128 + the signal's number, as a stop before training exits (shell.ctrl_c): `train.py && next`,
-        # a scheduler or CI must not take a stopped run (or sweep) for a finished one
-        sys.exit(128 + signal.Signals[result.stopped_by or "SIGINT"])
-    of = " (val/bpc of the text as the tokenizer's normalizer rewrites it: tokenizer.allow_normalized)"
-    log.info("done: %s%s", describe_metrics(result.metrics), of if result.rewritten else "")
-    log.info("run folder: %s", result.run_dir)
-    if result.fallback:
-        log.warning(
-            "%s: this model learned the offline pydoc corpus (Python's help texts), not Tiny Shakespeare; "
-            "set data.path=/path/to/input.txt to train on it",
-            result.fallback,
-        )
-    prompt = f" {prompt_option(result.prompt)}" if result.prompt else ""
-    log.info("sample from it: python %s --ckpt %s%s", script("generate.py"), shlex.quote(str(result.run_dir)), prompt)
-    if multirun and result.stopped_by:  # taken at the job's last step, which ended it anyway
-        log.warning("%s came as the job ended; the sweep stops before its next job", result.stopped_by)
-        defer_stop(result.stopped_by)
-    return result.metrics.get("val/bpc")
+        for handler in logging.getLogger().handlers:
+            if not isinstance(handler, logging.FileHandler):
+                handler.setLevel(logging.ERROR)
+
+
+@dataclass
+class Job:
+    folder: RunFolder  # the run's, as Hydra gave it
+    overrides: list[str]  # the command line's settings, as Hydra's record has them
+    choices: dict[str, Any]  # the config group chosen for each group
+    checkpoint: Path | None  # the one the run continues from; None: a new run
+    record: str | None  # Hydra's record of this command in the run folder, for a resume (.hydra/resume-<time>)
+    sweep: Path | None  # the sweep folder, for a job of a sweep
+    lock: int | None = None  # a job of a sweep's own lock, held while it trains
+
+    @classmethod
+    def of(cls, cfg: DictConfig) -> Job:
+        """This job, as Hydra runs it: a job of a continued sweep (resume=auto there) finds its run as it stands."""
+        started()  # the first job of the process: start-up is over (shell.startup)
+        log_to_the_run()
+        hydra = HydraConfig.get()
+        folder = RunFolder(hydra.runtime.output_dir)
+        sweep = Path(hydra.sweep.dir).absolute() if hydra.mode == RunMode.MULTIRUN else None
+        resume, lock = cfg.get("resume"), None
+        if sweep is not None and process_rank() == 0:
+            lock = folder.lock(made=folder.path)
+            if resume == "auto" and not folder.has_checkpoint() and folder.started():
+                folder.clear_start()  # stopped before its first checkpoint: it starts again
+        if resume and resume != "auto":
+            checkpoint = folder.checkpoint_named(resume)
+        elif resume == "auto" or launcher_restarted():
+            checkpoint = folder.checkpoint_to_resume()
+        else:
+            checkpoint = None
+        record = hydra.output_subdir if str(hydra.output_subdir).startswith(".hydra/resume-") else None
+        choices = OmegaConf.to_container(hydra.runtime.choices)
+        return cls(folder, list(hydra.overrides.task), choices, checkpoint, record, sweep, lock)
+
+    @contextlib.contextmanager
+    def ending(self) -> Iterator[None]:
+        """What the job runs: a stop signal or an error of the user's input that ends it before it trains is said
+        in one line, and what it made is taken back; a job of a sweep records its error and the sweep goes on."""
+        try:
+            with stops_raised():
+                yield
+        except Stopped as stop:
+            sys.exit(self.stopped(stop))
+        except RunFinished as finished:
+            if self.checkpoint is None or self.sweep is None:
+                sys.exit(f"error: {finished}")
+            said = ", ".join(
+                f"{k} {v:.4f}"
+                for k, v in self.folder.read_result().get("metrics", {}).items()
+                if k in ("val/loss", "val/bpc", "train/loss")
+            )
+            log.info("job %s finished before (%s); kept as it is", self.folder.path.name, said)
+        except USER_ERRORS as err:
+            if self.sweep is None or isinstance(err, RunWriteError):  # a full disk stops a sweep too
+                sys.exit(self.refused(err))
+            log.error("error: %s", err)  # one job of a sweep: recorded, and the sweep goes on
+            if not self.folder.result_file.is_file() and process_rank() == 0:
+                self.folder.write_result(result_record(self.folder, self.overrides, {}, {}, False, str(err)))
+        finally:
+            if self.lock is not None:
+                os.close(self.lock)
+
+    def refused(self, err: Exception) -> int | str:
+        """A job that cannot train: what it made taken back (a run with a checkpoint is kept, and its log says
+        how it ended); the exit status, or the line to exit with."""
+        if process_rank() != 0:
+            return 1 if isinstance(err, TrainingDiverged) else f"error: {err}"  # the first says it for all
+        self.folder.take_back(self.record)
+        if self.folder.has_checkpoint():
+            for handler in (h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)):
+                handler.handle(log.makeRecord(log.name, logging.ERROR, __file__, 0, f"error: {err}", (), None))
+        return f"error: {err}"
+
+    def stopped(self, stop: Stopped) -> int:
+        """A stop before the run could train, or a second Ctrl-C: a run with a checkpoint is told how to continue;
+        otherwise what this job made is taken back (a sweep's too, while none of its jobs holds a run)."""
+        if process_rank() != 0:
+            return stop.status
+        self.folder.take_back(self.record)
+        ways = [f"continue with: {self.folder.continue_command()}"] if self.folder.has_checkpoint() else []
+        if self.sweep is not None:
+            if any(
+                RunFolder(p).holds_run() or (p / "result.json").is_file() for p in self.sweep.iterdir() if p.is_dir()
+            ):
+                ways.append(how_to_continue(self.sweep))
+            else:
+                RunFolder(self.sweep).take_back()
+        said = "; ".join(ways) if ways else " before the run's first checkpoint; nothing was kept"
+        print(f"\nstopped{'; ' if ways else ''}{said.lstrip() if ways else said}", file=sys.stderr)
+        return stop.status
+
+    def stop_sweep(self, signum: int) -> None:
+        """A job of a sweep stopped by a signal ends the sweep: its summary, and how to continue it."""
+        if self.sweep is not None:
+            summarize(self.sweep)
+            log.warning("the sweep stops here; %s", how_to_continue(self.sweep))

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import torch
 from lightning.fabric.plugins import TorchCheckpointIO
-from lightning.pytorch.callbacks import ModelCheckpoint
 
 import checkpoint
 
@@ -32,7 +32,6 @@ class PeriodicCheckpoints(L.Callback):
         self.validate_every = validate_every
         self.saved_step, self.saved_validated = -1, False  # the step last written, and whether after its validation
         self.after_validation: int | None = None  # a step whose file waits for the step's validation
-        self.stopped_at: int | None = None  # the step a signal stopped the run at (set by the shell)
 
     @property
     def last(self) -> Path:
@@ -42,9 +41,8 @@ class PeriodicCheckpoints(L.Callback):
         """Checkpoint the current state (every process must call this; the first writes)."""
         step = trainer.global_step
         path = checkpoint.step_file(self.folder, step)
-        # the step's file, written before the step's validation, is written again after it (not after a
-        # stop: the validation a stop lets finish is not part of the state a continued run starts from)
-        validated = self.stopped_at is None and trainer.lightning_module.validated_step == step
+        # the step's file, written before the step's validation, is written again after it
+        validated = trainer.lightning_module.validated_step == step
         if self.saved_step == step and (self.saved_validated or not validated):
             return path
         trainer.save_checkpoint(path, weights_only=False)  # the whole state: weights, optimizer, loops
@@ -54,7 +52,7 @@ class PeriodicCheckpoints(L.Callback):
             if validated and best is not None and best.saved_step == step:
                 # best.ckpt was written after this step's validation: the same weights, and this file
                 # holds the state of the step's end too
-                checkpoint.share(path, best.saved_to)
+                checkpoint.share(path, best.path)
             checkpoint.link_last(self.last, path)
             steps = checkpoint.step_files(self.folder)
             for old in steps[: max(0, len(steps) - self.keep)]:
@@ -94,53 +92,30 @@ class PeriodicCheckpoints(L.Callback):
         self.save(trainer)
 
 
-class BestCheckpoint(ModelCheckpoint):
-    """best.ckpt: the checkpoint of the lowest validation loss (Lightning's ModelCheckpoint), which stays
-    the best when the run folder was moved or copied before it is resumed: the paths it saved are read
-    as the same files in the new folder, where Lightning would forget the score."""
+class BestCheckpoint(L.Callback):
+    """best.ckpt: the checkpoint of the lowest validation loss, written after each validation that lowers it.
+    Where the step's own file holds the state after the same validation (PeriodicCheckpoints), the two are
+    one file: the step file is made best.ckpt's, which knows this step to be the best."""
 
     def __init__(self, folder: Path):
-        super().__init__(
-            dirpath=folder,
-            filename=Path(checkpoint.BEST_NAME).stem,
-            monitor="val/loss",
-            mode="min",
-            save_top_k=1,
-            auto_insert_metric_name=False,
-            enable_version_counter=False,
-        )
+        self.path = Path(folder) / checkpoint.BEST_NAME
+        self.score: float | None = None  # the lowest validation loss so far
         self.saved_step = -1  # the step best.ckpt was last written at, by this process
-        self.saved_to: Path | None = None
 
-    def _save_checkpoint(self, trainer: L.Trainer, filepath: str) -> None:
-        """best.ckpt; the step's file, written after the same validation (PeriodicCheckpoints), becomes
-        the same file: it then also knows this step to be the best, which it was written too early to."""
-        super()._save_checkpoint(trainer, filepath)
-        self.saved_step = step = trainer.global_step
-        self.saved_to = Path(filepath)
+    def on_validation_end(self, trainer, pl_module) -> None:
+        loss = trainer.callback_metrics.get("val/loss")
+        if trainer.sanity_checking or trainer.state.fn != "fit" or loss is None or not torch.isfinite(loss):
+            return
+        if self.score is not None and float(loss) >= self.score:
+            return
+        self.score, self.saved_step = float(loss), trainer.global_step
+        trainer.save_checkpoint(self.path, weights_only=False)
         periodic = next((c for c in trainer.callbacks if isinstance(c, PeriodicCheckpoints)), None)
-        if trainer.is_global_zero and periodic is not None and periodic.holds_validated(step):
-            checkpoint.share(self.saved_to, checkpoint.step_file(periodic.folder, step))
+        if trainer.is_global_zero and periodic is not None and periodic.holds_validated(self.saved_step):
+            checkpoint.share(self.path, checkpoint.step_file(periodic.folder, self.saved_step))
 
-    @property
-    def state_key(self) -> str:  # ModelCheckpoint's own, so that either reads the other's saved state
-        return "ModelCheckpoint" + super().state_key.removeprefix(type(self).__qualname__)
+    def state_dict(self) -> dict[str, Any]:
+        return {"score": self.score}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        saved_in = state_dict.get("dirpath")
-        if saved_in and self.dirpath and saved_in != self.dirpath:
-            state_dict = moved(state_dict, Path(saved_in), Path(self.dirpath))
-        super().load_state_dict(state_dict)
-
-
-def moved(state: dict[str, Any], old: Path, new: Path) -> dict[str, Any]:
-    """ModelCheckpoint's saved state with the paths of files under `old` made the same files under `new`."""
-
-    def here(path: Any) -> Any:
-        if not isinstance(path, str) or not path or not Path(path).is_relative_to(old):
-            return path
-        return str(new / Path(path).relative_to(old))
-
-    state = {key: here(value) for key, value in state.items()}
-    state["best_k_models"] = {here(path): score for path, score in (state.get("best_k_models") or {}).items()}
-    return {**state, "dirpath": str(new)}
+        self.score = state_dict.get("score")

@@ -135,12 +135,12 @@ def build_callbacks(settings: RunSettings, folder: Path, extras: Extras) -> list
 def build_trainer(settings: RunSettings, folder: Path, extras: Extras, callbacks: list) -> L.Trainer:
     return L.Trainer(
         **settings.trainer_arguments(),
-        strategy=choose_strategy(settings.trainer["strategy"]),
+        strategy=choose_strategy(settings.trainer["strategy"], settings.world_size),
         precision=settings.trainer["precision"],
         logger=extras.loggers or False,
         callbacks=callbacks,
         use_distributed_sampler=False,  # the data module shards batches itself (data.datamodule.StepSampler)
         plugins=[AtomicCheckpointIO(), *extras.plugins],
-        enable_checkpointing=True,
+        enable_checkpointing=False,  # the run's own callbacks write its checkpoints (training.checkpoints)
         default_root_dir=str(folder),
     )

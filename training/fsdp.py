@@ -44,12 +44,8 @@ class FSDP2Strategy(ModelParallelStrategy):
     as one process's optimizer numbers it, group by group (Lightning's own strategy numbers it in the
     model's order), so that a run continues on any number of devices, with or without sharding."""
 
-    def __init__(self):
-        super().__init__(tensor_parallel_size=1, save_distributed_checkpoint=False)
-
-    def setup_environment(self) -> None:
-        self._data_parallel_size = self.num_nodes * self.num_processes  # the world size, known only now
-        super().setup_environment()
+    def __init__(self, world_size: int):
+        super().__init__(data_parallel_size=world_size, tensor_parallel_size=1, save_distributed_checkpoint=False)
 
     def lightning_module_state_dict(self) -> dict[str, Any]:
         state = super().lightning_module_state_dict()  # whole on the first process, empty on the others
@@ -62,7 +58,7 @@ class FSDP2Strategy(ModelParallelStrategy):
     def optimizer_state(self, optimizer) -> dict[str, Any]:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
-        optimizer = optimizer._optimizer if isinstance(optimizer, LightningOptimizer) else optimizer
+        optimizer = optimizer.optimizer if isinstance(optimizer, LightningOptimizer) else optimizer
         whole = StateDictOptions(full_state_dict=True, cpu_offload=True)
         # keyed by parameter name; empty on all processes but the first
         state = get_optimizer_state_dict(self.model, optimizer, options=whole)

@@ -228,7 +228,7 @@ class GPTModule(L.LightningModule):
         checkpoint.add_run_state(ckpt, description, self.nonfinite.state(), latest)
 
     def on_load_checkpoint(self, ckpt: dict[str, Any]) -> None:
-        resuming = self._trainer is not None  # load_from_checkpoint has no trainer, and leaves the generators
+        resuming = ckpt.get("loops") is not None and self.has_trainer()  # load_from_checkpoint leaves the generators
         if resuming:
             checkpoint.realign_accumulation(ckpt, self.accumulation)  # before Lightning reads its loops' counts
         state = checkpoint.read_run_state(ckpt, restore_rng=resuming)
@@ -237,6 +237,12 @@ class GPTModule(L.LightningModule):
         self.latest_train_values = dict(state.latest.get("train", {}))
         self.latest_val_values = dict(state.latest.get("val", {}))
         self.validated_step = state.latest.get("validated_step", -1)
+
+    def has_trainer(self) -> bool:
+        try:
+            return self.trainer is not None
+        except RuntimeError:  # Lightning's "not attached to a Trainer"
+            return False
 
     @classmethod
     def load_from_checkpoint(cls, checkpoint_path: str | Path, map_location=None, **kwargs: Any) -> GPTModule:
@@ -267,9 +273,5 @@ def logging_step(trainer) -> bool:
 
 
 def run_ends(trainer) -> bool:
-    """Whether the run ends after this step (its time limit, or a stop on no improvement), not stopped by a
-    signal to go on later (a callback whose stopped_at is then set): a stopped run logs what an
-    uninterrupted one would, so that the resumed run's history is the same."""
-    if not trainer.should_stop:
-        return False
-    return all(getattr(callback, "stopped_at", None) is None for callback in trainer.callbacks)
+    """Whether the run ends after this step (its last step, its time limit, or a stop on no improvement)."""
+    return trainer.should_stop

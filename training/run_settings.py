@@ -83,13 +83,13 @@ class RunSettings:
         }
 
 
-def choose_strategy(name: Any):
-    """`fsdp`: FSDP2 through Lightning's ModelParallelStrategy (training.fsdp); other names go to
-    Lightning as they are."""
+def choose_strategy(name: Any, world_size: int):
+    """`fsdp`: FSDP2 through Lightning's ModelParallelStrategy over `world_size` processes (training.fsdp);
+    other names go to Lightning as they are."""
     if name == "fsdp":
         from training.fsdp import FSDP2Strategy
 
-        return FSDP2Strategy()
+        return FSDP2Strategy(world_size)
     return name
 
 

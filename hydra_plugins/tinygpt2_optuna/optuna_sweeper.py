@@ -78,7 +78,7 @@ class OptunaSweeper(Sweeper):
         """Run n_trials trials, n_jobs at a time: each asked of the study, run, and told how it ended. A
         trial still running when the search ends part way (a stop, Ctrl-C, an error) is told it failed,
         as Optuna's own optimize() does, rather than left running in a stored study for ever."""
-        from shell.sweep import SEARCH_OF_TRIAL
+        from shell.sweeps import SEARCH_OF_TRIAL
 
         space, fixed = search_space([*(f"{key}={value}" for key, value in self.params.items()), *arguments])
         study = self.open_study()
