@@ -147,26 +147,37 @@ class RunFolder:
             return None
         return [str(o) for o in overrides] if isinstance(overrides, list) else None
 
-    def started_in(self) -> str | None:
-        """The folder the run was started in, where its relative paths lead."""
+    def hydra_record(self, *keys: str) -> Any:
+        """A value of Hydra's record of the run's start (.hydra/hydra.yaml), or None."""
         try:
-            return str(yaml.safe_load((self.path / ".hydra" / "hydra.yaml").read_text())["hydra"]["runtime"]["cwd"])
+            record = yaml.safe_load((self.path / ".hydra" / "hydra.yaml").read_text())["hydra"]
+            for key in keys:
+                record = record[key]
+            return record
         except (OSError, yaml.YAMLError, KeyError, TypeError):
             return None
+
+    def started_in(self) -> str | None:
+        """The folder the run was started in, where its relative paths lead."""
+        return self.hydra_record("runtime", "cwd")
 
     def continue_command(self) -> str:
         """The command that continues this run, quoted to be pasted as it is printed."""
         return f"python {script('train.py')} {shlex.quote(typed_override('resume', self.path))}"
 
     def start_command(self, *changes: str) -> str | None:
-        """The command line the run was started with, hydra.run.dir and all, to start it again (as a new run,
-        where it has no checkpoint), with `changes` (key=value) in place of its own; None without Hydra's
-        record of it."""
+        """The command line the run was started with, to start it again (in its own folder where that holds no
+        checkpoint), with `changes` (key=value) in place of its own; None without Hydra's record of it."""
         overrides = self.first_overrides()
         if overrides is None:
             return None
         replaced = {"resume", *(change.partition("=")[0] for change in changes)}
-        kept = [self.from_anywhere(o) for o in overrides if o.partition("=")[0].lstrip("+~") not in replaced]
+        if self.has_checkpoint():  # a folder that holds a run takes no new one
+            replaced.add("hydra.run.dir")
+        hydras = [o for o in self.hydra_record("overrides", "hydra") or [] if not o.startswith("hydra.mode=")]
+        kept = [
+            self.from_anywhere(o) for o in [*hydras, *overrides] if o.partition("=")[0].lstrip("+~") not in replaced
+        ]
         return f"python {script('train.py')} {shlex.join([*kept, *changes])}".rstrip()
 
     def from_anywhere(self, override: str) -> str:

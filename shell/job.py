@@ -32,10 +32,12 @@ from shell.folders import (
     process_rank,
     resumable_runs,
 )
-from shell.settings import RunFinished, matches, named_settings
+from shell.init_from import Start
+from shell.settings import RunFinished, matches, named_settings, settle_new, settle_resumed
 from shell.startup import started
 from shell.stops import Stopped, stops_raised
 from shell.sweeps import how_to_continue, result_record, summarize
+from training.run_settings import RunSettings
 
 log = logging.getLogger("train")
 
@@ -60,7 +62,7 @@ class RunFolders(Callback):
             sys.exit(f"error: {err}")
         with read_write(config.hydra), open_dict(config.hydra):
             config.hydra.run.dir = str(folder.path)
-            if resuming:  # Hydra's record of this command beside the run's first
+            if resuming and process_rank() == 0:  # Hydra's record of this command beside the run's first
                 config.hydra.output_subdir = f".hydra/resume-{datetime.now():%Y-%m-%d_%H-%M-%S}"
         if process_rank() == 0:
             self.lock = folder.lock(made)
@@ -143,6 +145,15 @@ def read_settings_of(folder: RunFolder) -> dict[str, Any]:
     from checkpoint import read_header
 
     return read_header(folder.checkpoint_to_resume())["settings"]
+
+
+def settle(cfg: DictConfig, job: Job) -> tuple[RunSettings, Start | None]:
+    """The job's settings, checked and made final (shell.settings), and what a new run from init_from starts from."""
+    requested = plain(cfg)
+    named = named_settings(job.overrides, requested)
+    if job.checkpoint is not None:
+        return settle_resumed(job.checkpoint, requested, named, job.overrides, job.choices), None
+    return settle_new(requested, named, job.choices)
 
 
 # ---- the job -----------------------------------------------------------------------------------------------

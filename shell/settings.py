@@ -11,10 +11,10 @@ import logging
 import os
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 from tokenizers import Tokenizer
 
 from checkpoint import MACHINE_CHOSEN, PREPARED, CheckpointError, DamagedCheckpoint, check_sums, read_header
@@ -36,7 +36,6 @@ from shell.checks import (
     differing_leaves,
     lookup,
     nearest_folder,
-    plain,
     probe_trainer,
     put,
     seconds_of,
@@ -48,9 +47,6 @@ from shell.init_from import Start, kept_tokenizer, missing_source, start_from
 from shell.machine import Machine, choose_compile, choose_precision
 from shell.memory import check_fits, process_count_here, this_machine_free, tight_fit
 from training.run_settings import NOT_TRAINER_ARGUMENTS, RunSettings, sample_prompts
-
-if TYPE_CHECKING:
-    from shell.job import Job
 
 log = logging.getLogger(__name__)
 
@@ -109,15 +105,6 @@ def named_settings(overrides: Iterable[str], requested: dict[str, Any]) -> list[
 def expand(key: str, values: dict[str, Any]) -> list[str]:
     """A dotted key, or, for a group's key, each of its settings in `values`."""
     return differing_leaves(lookup(values, key), ABSENT, key) or [key]
-
-
-def settle(cfg: DictConfig, job: Job) -> tuple[RunSettings, Start | None]:
-    """The job's settings, checked and made final, and what a new run from init_from starts from."""
-    requested = plain(cfg)
-    named = named_settings(job.overrides, requested)
-    if job.checkpoint is not None:
-        return settle_resumed(job.checkpoint, requested, named, job.overrides, job.choices), None
-    return settle_new(requested, named, job.choices)
 
 
 # ---- a new run --------------------------------------------------------------------------------------------

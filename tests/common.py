@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import functools
+import io
 import os
 import re
 import shlex
@@ -14,6 +15,7 @@ import sys
 import time
 import zipfile
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from omegaconf import OmegaConf
@@ -63,6 +65,7 @@ TINY_OVERRIDES = [
     "optim.warmup_steps=2",
     "logger=csv",
     "latest_link=null",
+    "trainer.precision=32-true",  # (left to the machine, a CPU with bfloat16 would time both first)
 ]
 
 # Only the model and tokenizer of TINY_OVERRIDES, for presets that set the rest themselves.
@@ -148,6 +151,81 @@ def inject_faults(monkeypatch, failpoint: str) -> None:
 
     monkeypatch.setenv(failpoints.ENV, failpoint)
     failpoints.install()
+
+
+class Ran(NamedTuple):
+    """How a command ended: its exit status and what it printed, as subprocess.run gives them."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def train_here(*args: str, cwd: Path | None = None, env: dict | None = None) -> Ran:
+    """`python train.py ARGS` run in this process, as the command runs it (shell.command_line.run around
+    train.py's Hydra entry point), in the current folder unless told, with `env` added to the environment:
+    its exit status and what it printed. The process's folder, environment, arguments, signal handlers and
+    standard streams are as they were after it. For what a process alone shows (a kill, DDP, a terminal),
+    run_script."""
+    import signal
+
+    import train
+    from shell import command_line
+
+    out, err = io.StringIO(), io.StringIO()
+    before = (Path.cwd(), dict(os.environ), sys.argv, sys.stdout, sys.stderr)
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    os.chdir(cwd or Path.cwd())
+    os.environ.update(env or {})
+    sys.argv, sys.stdout, sys.stderr = ["train.py", *args], out, err
+    try:
+        command_line.run(train.main)
+        code = 0
+    except SystemExit as exit:
+        code = exit.code if isinstance(exit.code, int) else 0 if exit.code is None else print(exit.code, file=err) or 1
+    finally:
+        cwd_before, environ, sys.argv, sys.stdout, sys.stderr = before
+        os.chdir(cwd_before)
+        os.environ.clear()
+        os.environ.update(environ)
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+    return Ran(code, out.getvalue(), err.getvalue())
+
+
+def passes_the_checks(*args: str) -> None:
+    """What train.py checks of a command line before it makes anything, in this process and making nothing: the
+    command line read as train.py reads it, composed by Hydra (each swept setting at its first value), and the
+    settings checked as a run checks them first (shell.settings.check); the run resume= names looked up."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from shell.checks import plain
+    from shell.command_line import as_trainer_argument, whole_path
+    from shell.folders import folder_of
+    from shell.settings import check
+
+    overrides = [whole_path(as_trainer_argument(a)) for a in args if not a.startswith("-")]
+    first = [o.input_line if not o.is_sweep_override() else f"{o.key_or_group}={next(iter(o.sweep_string_iterator()), '')}"
+             for o in OverridesParser.create().parse_overrides(overrides) if "glob(" not in o.input_line]  # fmt: skip
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        cfg = compose("train", overrides=[o for o in first if not o.startswith("hydra.")], return_hydra_config=True)
+    if cfg.get("resume") and cfg.resume != "auto":
+        folder_of(cfg.resume)
+    elif not any(a in ("--cfg", "-c", "--help", "--info") for a in args):
+        check(plain(cfg), dict(cfg.hydra.runtime.choices))
+
+
+def refused(*args: str, cwd: Path | None = None, env: dict | None = None) -> str:
+    """train.py's refusal of a command line, run in this process: exit status 1, one `error:` line on stderr
+    (no traceback), and nothing left in the folder it ran in. Returns the line without its `error: `."""
+    where = Path(cwd or Path.cwd())
+    before = snapshot(where, itself=False)
+    ran = train_here(*args, cwd=where, env=env)
+    assert ran.returncode == 1, f"{args} was not refused: {ran.returncode}\n{ran.stderr[-3000:]}"
+    line = one_error_line(ran.stderr)
+    assert snapshot(where, itself=False) == before, f"{args} left {set(snapshot(where, itself=False)) - set(before)}"
+    return line.removeprefix("error: ")
 
 
 def run_printed(command: str, cwd: Path) -> subprocess.CompletedProcess:
