@@ -481,7 +481,7 @@ def hf_weight_files(folder: Path) -> list[Path]:
     raise CheckpointError(f"{folder} has config.json but no weights: expected one of {', '.join(HF_WEIGHT_FILES)}")
 
 
-def inside_folder(folder: Path, name: str, index: Path | None = None) -> Path:
+def inside_folder(folder: Path, name: str, index: Path | None = None, what: str = "weights") -> Path:
     """folder/name, refused unless it lies inside the folder, links followed. The one way out is the
     Hugging Face cache's own: a snapshot's files (models--org--name/snapshots/REV/...) are links to
     that model's blobs (models--org--name/blobs/HASH)."""
@@ -496,7 +496,7 @@ def inside_folder(folder: Path, name: str, index: Path | None = None) -> Path:
     if real.is_relative_to(home) or (blobs := cache_blobs(home)) is not None and real.is_relative_to(blobs):
         return named
     raise CheckpointError(
-        f"{folder / name} is a link to {real}, outside {folder}; a model's weights are read only from its own "
+        f"{folder / name} is a link to {real}, outside {folder}; a model's {what} are read only from its own "
         f"folder: put a copy of the file there in place of the link (cp --remove-destination {shlex.quote(str(real))} "
         f"{shlex.quote(str(folder / name))})"
     )
@@ -531,11 +531,14 @@ def read_weight_file(file: Path, map_location="cpu") -> dict[str, torch.Tensor]:
 
 
 def read_hf_tokenizer(folder: Path) -> str | None:
-    """The folder's tokenizer as `tokenizers` JSON: tokenizer.json, else vocab.json + merges.txt."""
+    """The folder's tokenizer as `tokenizers` JSON: tokenizer.json, else vocab.json + merges.txt, each read
+    from inside the folder (see `inside_folder`), so that a link cannot give a model another's tokenizer."""
     try:
-        if (folder / "tokenizer.json").is_file():
-            return (folder / "tokenizer.json").read_text(encoding="utf-8")
+        if (folder / "tokenizer.json").is_file():  # read from inside the folder, as its weights are
+            return inside_folder(folder, "tokenizer.json", what="files").read_text(encoding="utf-8")
         if has_gpt2_files(folder):
+            for name in ("vocab.json", "merges.txt"):
+                inside_folder(folder, name, what="files")
             return read_gpt2_files(folder).to_str()
     except (OSError, UnicodeDecodeError, ValueError) as err:
         raise CheckpointError(f"cannot read the tokenizer files in {folder} ({err})") from None

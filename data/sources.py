@@ -428,10 +428,15 @@ def shakespeare_source(cfg) -> Source:
     if cfg.get("path"):
         check_plain_text(cfg)
         return files_source(cfg, cfg.path)
-    found = find_shakespeare(cfg.cache_dir, cfg.get("local_copies") or [], cfg.get("url") or SHAKESPEARE_URL)
-    if found is None:
+    url = cfg.get("url") or SHAKESPEARE_URL
+    try:
+        found = find_shakespeare(cfg.cache_dir, cfg.get("local_copies") or [], url, quietly=False)
+    except DataError:
+        raise
+    except (OSError, ValueError) as err:  # no network, a proxy, a moved URL, a link too slow: "not available now"
         source = pydoc_source(cfg, label=OFFLINE_LABEL)
-        source.fallback = "Tiny Shakespeare is not available (no local copy, download failed)"
+        why = getattr(err, "reason", None) or err
+        source.fallback = f"Tiny Shakespeare is not available (no local copy, and the download from {url} failed: {why})"
         return source
     return files_source(cfg, found)
 
@@ -446,22 +451,23 @@ def check_plain_text(cfg) -> None:
         )
 
 
-def find_shakespeare(cache_dir: str, local_copies: list[str], url: str) -> str | None:
+def find_shakespeare(cache_dir: str, local_copies: list[str], url: str, quietly: bool = True) -> str | None:
+    """Tiny Shakespeare's file: the cached one, a local copy, or downloaded now into the cache; None where the
+    download fails (`quietly`), else the download's error."""
     cached = Path(cache_dir).expanduser() / "sources" / "tinyshakespeare" / "input.txt"
     for candidate in [cached, *(Path(p).expanduser() for p in local_copies)]:
         if candidate.is_file():
             return str(candidate)
-    import datasets
-
     try:
-        ds = datasets.load_dataset("text", data_files=url, sample_by="document", split="train")
-    except Exception as err:  # no network, a proxy, a moved URL: all mean "not available now"
-        log.debug("download of %s failed: %s", url, err)
-        return None
+        text = download(url)
+    except (OSError, ValueError):
+        if quietly:
+            return None
+        raise
     made, partial = missing_folders(cached.parent), cached.with_suffix(".partial")
     try:
         cached.parent.mkdir(parents=True, exist_ok=True)
-        partial.write_text("".join(t for t in ds["text"] if t), encoding="utf-8")
+        partial.write_text(text, encoding="utf-8")
         partial.replace(cached)  # a file at the cached path is always complete
     except OSError as err:  # a read-only cache (which serves finished token entries), a full disk
         if partial.is_file():
@@ -473,6 +479,19 @@ def find_shakespeare(cache_dir: str, local_copies: list[str], url: str) -> str |
             "a copy with data.path"
         ) from None
     return str(cached)
+
+
+DOWNLOAD_TIMEOUT = 60.0  # seconds a slow link may keep the download waiting at any one moment
+
+
+def download(url: str) -> str:
+    """The text at url (http, https or file://; a plain path is read as one), whole."""
+    if "://" not in url:
+        return Path(url).read_text(encoding="utf-8")
+    from urllib.request import urlopen
+
+    with urlopen(url, timeout=DOWNLOAD_TIMEOUT) as response:
+        return response.read().decode("utf-8")
 
 
 def pydoc_source(cfg, label: str = PYDOC_LABEL) -> Source:

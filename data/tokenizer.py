@@ -225,36 +225,29 @@ def check_ids(tokenizer: Tokenizer, path: Path) -> None:
         ) from None
 
 
-ROUND_TRIP_CHARS = 100_000  # characters of the training text a pretrained tokenizer's normalizer is tried on
-
-
 def pretrained(cfg, texts: Callable[[int | None], Iterator[str]]) -> Tokenizer:
-    """tokenizer.path's tokenizer, once its normalizer is seen to leave the training text's start as
-    it is (or to be undone by its decoder)."""
+    """tokenizer.path's tokenizer, once its normalizer is seen to leave the whole training text as it is (or
+    to be undone by its decoder)."""
     tokenizer = load_pretrained(cfg.get("path"))
-    sample = "".join(first_chars(texts(None), ROUND_TRIP_CHARS))
-    check_normalizer(tokenizer, sample, cfg.get("path"), bool(cfg.get("allow_normalized")))
+    for text in texts(None) if tokenizer.normalizer is not None else ():
+        if check_normalizer(tokenizer, text, cfg.get("path"), bool(cfg.get("allow_normalized"))):
+            break  # rewritten, and allowed: said once
     return tokenizer
 
 
-def first_chars(texts: Iterator[str], limit: int) -> Iterator[str]:
-    for text in texts:
-        yield text[:limit]
-        limit -= len(text)
-        if limit <= 0:
-            return
-
-
-def check_normalizer(tokenizer: Tokenizer, sample: str, path, allowed: bool) -> None:
-    """A normalizer that rewrites the text (lowercases it, strips accents, replaces characters) and
-    whose rewriting decoding does not undo makes the model learn, and val/bpc measure, another text than
-    the user's: refused, or with tokenizer.allow_normalized said once, as the tokenizer is made."""
-    if tokenizer.normalizer is None or (normalized := tokenizer.normalizer.normalize_str(sample)) == sample:
-        return
-    ids = tokenizer.encode(sample, add_special_tokens=False).ids
-    if tokenizer.decode(ids, skip_special_tokens=False) == sample:
-        return  # rewritten for the vocabulary and written back (SentencePiece's spaces as ▁)
-    what = f"tokenizer.path {path}: its normalizer ({normalizer_names(tokenizer)}) rewrites the text ({first_change(sample, normalized)})"
+def check_normalizer(tokenizer: Tokenizer, text: str, path, allowed: bool) -> bool:
+    """A normalizer that rewrites the text (lowercases it, strips accents, replaces characters) and whose
+    rewriting decoding does not undo makes the model learn, and val/bpc measure, another text than the
+    user's: refused, or with tokenizer.allow_normalized said once (returns True). A change is tried for
+    decoding around where it first comes."""
+    if tokenizer.normalizer is None or (normalized := tokenizer.normalizer.normalize_str(text)) == text:
+        return False
+    at = len(os.path.commonprefix([text, normalized]))
+    around = text[max(0, at - 2000) : at + 2000]
+    ids = tokenizer.encode(around, add_special_tokens=False).ids
+    if tokenizer.decode(ids, skip_special_tokens=False) == around:
+        return False  # rewritten for the vocabulary and written back (SentencePiece's spaces as ▁)
+    what = f"tokenizer.path {path}: its normalizer ({normalizer_names(tokenizer)}) rewrites the text ({first_change(text, normalized)})"
     if not allowed:
         raise DataError(
             f"{what}, so the model would learn, and val/bpc measure, that text rather than yours; use a tokenizer "
@@ -263,6 +256,7 @@ def check_normalizer(tokenizer: Tokenizer, sample: str, path, allowed: bool) -> 
     log.warning(
         "%s; as tokenizer.allow_normalized=true, the model learns, and val/bpc measures, the text as rewritten", what
     )
+    return True
 
 
 def normalizer_names(tokenizer: Tokenizer) -> str:

@@ -31,7 +31,7 @@ import yaml
 from omegaconf import OmegaConf
 
 import checkpoint
-from checkpoint import BEST_NAME, CHECKPOINTS_DIR, LAST_NAME, CheckpointError, checkpoint_step
+from checkpoint import BEST_NAME, CHECKPOINTS_DIR, LAST_NAME, CheckpointError, DamagedCheckpoint, checkpoint_step
 from data.writes import write_atomically
 from shell.checks import PATH_KEYS
 from shell.command_line import hydra_quoted, hydra_reading, typed_override
@@ -412,10 +412,12 @@ def read_lines(path: Path) -> list[str]:
 
 
 def step_of(path: Path) -> int:
+    """A checkpoint's step; -1 for one cut short or damaged (never the newest: reading it later says what is
+    wrong). One refused for what it holds (pickled code) is refused here."""
     try:
         return checkpoint_step(path)
-    except CheckpointError:
-        return -1  # a damaged file is never the newest; reading it later says what is wrong
+    except DamagedCheckpoint:
+        return -1
 
 
 # ---- where runs are --------------------------------------------------------------------------------------
@@ -482,8 +484,12 @@ def resumable_runs(root: str | os.PathLike) -> list[RunFolder]:
         folder = RunFolder(settings.parent)
         if settings.parent.is_symlink() or settings.parent.parent.is_symlink() or folder.is_finished():
             continue
-        if folder.started() and (found_checkpoint := folder.checkpoint_to_resume()) is not None:
-            found.append((found_checkpoint.stat().st_mtime, folder))
+        try:
+            newest = folder.checkpoint_to_resume() if folder.started() else None
+        except CheckpointError:  # one refused for what it holds: not a run to continue unasked
+            continue
+        if newest is not None:
+            found.append((newest.stat().st_mtime, folder))
     return [folder for _, folder in sorted(found, key=lambda item: item[0], reverse=True)]
 
 
