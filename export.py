@@ -37,6 +37,7 @@ from data.tokenizer import EOT, UNK
 from data.writes import making_folders
 from model import GPT
 from model.hf import hf_config_dict, to_hf_state_dict
+from shell.folders import RunFolder
 from shell.output import OutputError, cannot_write
 from shell.programs import (
     STOPS,
@@ -48,7 +49,6 @@ from shell.programs import (
     stopped_status,
     stops_raised,
 )
-from shell.run_folder import RunFolder
 
 TOLERANCE = 1e-4
 FILES = (

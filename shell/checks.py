@@ -1,7 +1,7 @@
-"""What a setting may be: one table (SPEC) of kinds, ranges and choices, checked in one pass over a
-composed config so that every problem of a command line is said together, one `error:` line each. The
-values themselves (the defaults) live in configs/; Lightning's own Trainer arguments are checked against
-its signature and by building a Trainer as the run will (`probe_trainer`)."""
+"""What a setting may be: one table (SPEC) of kinds, ranges and choices, checked in one pass over a composed
+config, every problem of a command line said together, one `error:` line each (the values themselves live in
+configs/). Lightning's other Trainer arguments are checked against its signature, and by a Trainer built as the
+run builds it (`probe_trainer`)."""
 
 from __future__ import annotations
 
@@ -29,8 +29,7 @@ CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
 
 class SettingError(ValueError):
-    """A setting that cannot work; the message names it and says how to fix it. Several problems of
-    one command line are said together (`several`), one `error:` line each."""
+    """A setting that cannot work; the message names it and says how to fix it (`several`: one line each)."""
 
     @classmethod
     def several(cls, problems: list[str]) -> SettingError:
@@ -53,8 +52,7 @@ def plain(config: Any) -> dict[str, Any]:
     return OmegaConf.to_container(OmegaConf.masked_copy(config, [k for k in config if k != "hydra"]), resolve=True)
 
 
-# ---- the kinds of value ---------------------------------------------------------------------------------
-# Each kind is a check(key, value) that returns what is wrong, or None.
+# ---- the kinds of value: each a check(key, value) that returns what is wrong, or None -----------------------
 
 
 @dataclass(frozen=True)
@@ -196,30 +194,6 @@ def validation_batches(key: str, value: Any) -> str | None:
     return f"{key} must be a whole number of batches (at least 1), a fraction in (0, 1], or null, got {shown(value)}"
 
 
-def devices(key: str, value: Any) -> str | None:
-    if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and (value >= 1 or value == -1)):
-        return None
-    if isinstance(value, str) and value.replace(",", "").replace(" ", "").isdigit():
-        return None
-    if (
-        isinstance(value, list)
-        and value
-        and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)
-    ):
-        return None
-    return (
-        f"{key} must be a number of devices (1, 2, ..., or -1 for every GPU), auto, or a list of device indices, "
-        f"got {shown(value)}"
-    )
-
-
-def precision(key: str, value: Any) -> str | None:
-    """null (chosen for the machine) or a Lightning precision, whose name Lightning checks."""
-    if value is None or (isinstance(value, str | int) and not isinstance(value, bool)):
-        return None
-    return f"{key} must be a Lightning precision such as 32-true, bf16-mixed or 16-mixed, got {shown(value)}"
-
-
 def no_settings(key: str, value: Any) -> str | None:
     return None if value == {} else f"{key} takes no settings, got {shown(value)}"
 
@@ -303,14 +277,8 @@ SPEC: dict[str, Any] = {
     "trainer.log_every_n_steps": STEPS,
     "trainer.gradient_clip_val": Number(min=0, optional=True),
     "trainer.accumulate_grad_batches": STEPS,
-    "trainer.enable_progress_bar": flag(),
-    "trainer.enable_model_summary": flag(),
     "trainer.num_sanity_val_steps": Number(whole=True, min=-1),
-    "trainer.accelerator": text(),
-    "trainer.strategy": text(),
-    "trainer.devices": devices,
     "trainer.num_nodes": STEPS,
-    "trainer.precision": precision,
 }
 
 # Settings a run cannot do without (`~key` may not remove them), and what a "???" of one needs.
@@ -361,10 +329,9 @@ WHOLE_MODEL_SETTINGS = tuple(f.name for f in fields(GPTConfig) if f.type in (int
 
 
 def check_values(values: dict[str, Any], choices: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Every setting of a composed config (a plain dict, interpolations resolved) checked against SPEC,
-    the model against GPTConfig and Lightning's own arguments against its signature; then the settings
-    that go together. Every problem is said at once. Returns a copy with whole numbers given as 1e3 or 5.0
-    made ints. `choices`: the config group chosen for each group (Hydra's runtime.choices)."""
+    """Every setting of a composed config (plain values) checked: against SPEC, the model against GPTConfig,
+    Lightning's arguments against its signature, then the settings that go together; every problem said at once.
+    Returns a copy with whole numbers given as 1e3 or 5.0 made ints. `choices`: each group's choice."""
     bpe = lookup(values, "tokenizer.kind") == "bpe"
     missing = [key for key in [*REQUIRED, *(["tokenizer.vocab_size"] if bpe else [])] if lookup(values, key) is ABSENT]
     if missing:
@@ -491,8 +458,7 @@ def settings_of(group: str, name: str) -> dict[str, Any]:
 
 
 def unknown_setting(key: str, choices: dict[str, Any] | None = None, close_to: list[str] = ()) -> str:
-    """Why key is not a setting, and what to type instead: the close one meant, or the choice of its
-    group that has it (optim.momentum is optim=muon's). `choices`: the group choices made."""
+    """Why key is not a setting, and what to type instead: the one meant, or the choice of its group that has it."""
     import difflib
 
     group, _, name = key.partition(".")
@@ -543,8 +509,7 @@ def trainer_argument_problem(name: str, value: Any) -> str | None:
 
 
 def fits(value: Any, annotation: Any) -> bool:
-    """Whether a value from the command line or YAML is of an annotated type (classes other than the plain
-    ones cannot come from there, so they do not fit)."""
+    """Whether a value from the command line or YAML is of an annotated type (no class but the plain ones is)."""
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
     if annotation is Any:
         return True
@@ -575,8 +540,7 @@ def described(annotation: Any) -> list[str]:
 
 
 def probe_trainer(trainer_args: dict[str, Any], strategy: Any, precision: str) -> int:
-    """A Lightning Trainer built from the arguments as the run will build it, so that Lightning checks them (it
-    makes no folder and starts no process); returns the world size it would train on."""
+    """A Trainer built as the run builds it, for Lightning to check its arguments (making nothing); its world size."""
     import logging
 
     import lightning as L
@@ -612,29 +576,20 @@ def probe_trainer(trainer_args: dict[str, Any], strategy: Any, precision: str) -
             "More than one device or machine), or set NODE_RANK, MASTER_ADDR and MASTER_PORT on each; on one "
             "machine, leave trainer.num_nodes at 1"
         )
-    if environment is not None and environment.creates_processes_externally:
-        check_launched(trainer, environment)
+    if environment is not None and environment.creates_processes_externally:  # torchrun, srun: they must be counted
+        try:
+            environment.validate_settings(num_devices=trainer.num_devices, num_nodes=trainer.num_nodes)
+        except ValueError:
+            names = {"TorchElasticEnvironment": "torchrun", "SLURMEnvironment": "SLURM"}
+            launcher, started = names.get(type(environment).__name__, "the launcher"), environment.world_size()
+            devices, nodes = trainer.num_devices, trainer.num_nodes
+            raise SettingError(
+                f"trainer.devices={devices} x trainer.num_nodes={nodes} asks for {devices * nodes} processes, but "
+                f"{launcher} started {started}; give trainer.devices as the processes it starts on each machine"
+                + (f" (trainer.devices={started // nodes})" if started % nodes == 0 else "")
+            ) from None
     return trainer.world_size
 
-
-def check_launched(trainer: Any, environment: Any) -> None:
-    """Processes a launcher started (torchrun, srun) train as they are: trainer.devices and trainer.num_nodes
-    must count them, or each would end in Lightning's ValueError as it began training."""
-    try:
-        environment.validate_settings(num_devices=trainer.num_devices, num_nodes=trainer.num_nodes)
-    except ValueError:
-        launcher = {"TorchElasticEnvironment": "torchrun", "SLURMEnvironment": "SLURM"}.get(
-            type(environment).__name__, "the launcher"
-        )
-        devices, nodes, started = trainer.num_devices, trainer.num_nodes, environment.world_size()
-        raise SettingError(
-            f"trainer.devices={devices} x trainer.num_nodes={nodes} asks for {devices * nodes} processes, but "
-            f"{launcher} started {started}; give trainer.devices as the processes it starts on each machine"
-            + (f" (trainer.devices={started // nodes})" if started % nodes == 0 else "")
-        ) from None
-
-
-# ---- wandb ---------------------------------------------------------------------------------------------
 
 # the values wandb itself reads from WANDB_MODE, and the mode each means (dryrun and run are old names)
 WANDB_ENV_MODES = {"online": "online", "offline": "offline", "disabled": "disabled", "dryrun": "offline"}
@@ -668,9 +623,6 @@ def wandb_mode(requested: str) -> str:
     if env_mode is not None:
         return WANDB_ENV_MODES[env_mode]
     return "online" if wandb_credentials_present() else "offline"
-
-
-# ---- places on disk ------------------------------------------------------------------------------------
 
 
 def check_writable(key: str, folder: str) -> None:
@@ -712,9 +664,6 @@ def check_link_place(key: str, path: str) -> None:
             f"or {key}=null for no link"
         )
     check_writable(key, str(link.parent))
-
-
-# ---- nested settings -----------------------------------------------------------------------------------
 
 
 class Absent:

@@ -1,7 +1,7 @@
 """A run folder: every file of a run by name, the lock that keeps one process per run, the runs that can be
 continued, and the commands that continue a run or start it again. No other module spells these names.
 
-    <run>/config.yaml            the settings the run started with (never rewritten)
+    <run>/config.yaml            the settings the run started with (a record: never rewritten, nor read)
          tokenizer.json          its tokenizer
          checkpoints/step-NNNNNN.ckpt, last.ckpt (a link to the newest step file), best.ckpt
          checkpoints/superseded/ those after the checkpoint a resume= went back to
@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from omegaconf import OmegaConf
 
 import checkpoint
 from checkpoint import BEST_NAME, CHECKPOINTS_DIR, LAST_NAME, CheckpointError, DamagedCheckpoint, checkpoint_step
@@ -44,10 +43,6 @@ LOG_NAME = "train.log"  # the run's log, written by Hydra's file handler
 SWEEP_RECORD = "multirun.yaml"  # Hydra's record of a sweep's command line, at the root of its folder
 RUN_FILES = ("config.yaml", "tokenizer.json", CHECKPOINTS_DIR, "result.json", "metrics.csv", "hparams.yaml")
 RUN_FILES += ("loss.png", "samples.md", "tensorboard", "wandb", ".wandb_id")
-# what a continued run goes on writing, by name: True for a folder, False for a file
-KEPT = {".hydra": True, LOG_NAME: False, CHECKPOINTS_DIR: True, f"{CHECKPOINTS_DIR}/{LAST_NAME}": False}
-KEPT |= {f"{CHECKPOINTS_DIR}/{BEST_NAME}": False, "result.json": False, "metrics.csv": False, "hparams.yaml": False}
-KEPT |= {"loss.png": False, "samples.md": False, "tensorboard": True, "wandb": True, ".wandb_id": False}
 
 
 @dataclass
@@ -69,8 +64,6 @@ class RunFolder:
 
     def step_checkpoints(self) -> list[Path]:
         return checkpoint.step_files(self.checkpoints)
-
-    # ---- what it holds -----------------------------------------------------------------------------------
 
     def has_checkpoint(self) -> bool:
         return any(self.checkpoints.glob("*.ckpt"))
@@ -100,8 +93,8 @@ class RunFolder:
         return bool(self.read_result().get("finished"))
 
     def reopen(self) -> None:
-        """A finished run that trains further is unfinished until its new end is recorded, so that a stop
-        before then, even a kill, leaves a run that resume= continues and resume=auto finds."""
+        """A finished run that trains further is unfinished until its new end is recorded (so that a kill before
+        then leaves a run resume=auto finds)."""
         if (result := self.read_result()).get("finished"):
             self.write_result({**result, "finished": False})
 
@@ -109,38 +102,10 @@ class RunFolder:
         """The sweep folder this run is a job of, if it is one."""
         return self.path.parent if (self.path.parent / SWEEP_RECORD).is_file() else None
 
-    def read_settings(self) -> dict[str, Any] | None:
-        """What config.yaml holds now (a record, which a hand may have edited); None where there is none;
-        RunFolderError where it cannot be read as settings."""
-        if not self.settings_file.exists():
-            return None
-        try:
-            settings = OmegaConf.to_container(OmegaConf.load(self.settings_file))
-        except (OSError, UnicodeDecodeError) as err:
-            raise RunFolderError(f"{self.settings_file} cannot be read ({err})") from None
-        except yaml.YAMLError as err:
-            mark = getattr(err, "problem_mark", None)
-            where = f" at line {mark.line + 1}" if mark else ""
-            raise RunFolderError(
-                f"{self.settings_file} is not valid YAML ({getattr(err, 'problem', None) or err}{where})"
-            ) from None
-        if not isinstance(settings, dict):
-            raise RunFolderError(f"{self.settings_file} holds no settings (not a mapping of names to values)")
-        return settings
-
-    def hydra_record_of_ours(self) -> bool:
-        """Whether .hydra/config.yaml, if any, is this project's (a start of this run that was killed, or
-        another process of its launch), not another Hydra program's."""
-        try:
-            record = yaml.safe_load((self.path / ".hydra" / "config.yaml").read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, yaml.YAMLError):
-            return True  # none, or one being written
-        return not isinstance(record, dict) or not record or "runs_root" in record
-
     # ---- Hydra's record, and the commands printed --------------------------------------------------------
 
     def first_overrides(self) -> list[str] | None:
-        """The command line the run was started with (Hydra's record of it)."""
+        """The command line's settings the run was started with (Hydra's record of them)."""
         try:
             overrides = yaml.safe_load((self.path / ".hydra" / "overrides.yaml").read_text())
         except (OSError, yaml.YAMLError):
@@ -157,9 +122,14 @@ class RunFolder:
         except (OSError, yaml.YAMLError, KeyError, TypeError):
             return None
 
-    def started_in(self) -> str | None:
-        """The folder the run was started in, where its relative paths lead."""
-        return self.hydra_record("runtime", "cwd")
+    def hydra_record_of_ours(self) -> bool:
+        """Whether .hydra/config.yaml, if any, is this project's (a killed start, or another process of the
+        launch), not another Hydra program's."""
+        try:
+            record = yaml.safe_load((self.path / ".hydra" / "config.yaml").read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            return True  # none, or one being written
+        return not isinstance(record, dict) or not record or "runs_root" in record
 
     def continue_command(self) -> str:
         """The command that continues this run, quoted to be pasted as it is printed."""
@@ -168,12 +138,10 @@ class RunFolder:
     def start_command(self, *changes: str) -> str | None:
         """The command line the run was started with, to start it again (in its own folder where that holds no
         checkpoint), with `changes` (key=value) in place of its own; None without Hydra's record of it."""
-        overrides = self.first_overrides()
-        if overrides is None:
+        if (overrides := self.first_overrides()) is None:
             return None
         replaced = {"resume", *(change.partition("=")[0] for change in changes)}
-        if self.has_checkpoint():  # a folder that holds a run takes no new one
-            replaced.add("hydra.run.dir")
+        replaced |= {"hydra.run.dir"} if self.has_checkpoint() else set()  # a folder holding a run takes no other
         hydras = [o for o in self.hydra_record("overrides", "hydra") or [] if not o.startswith("hydra.mode=")]
         kept = [
             self.from_anywhere(o) for o in [*hydras, *overrides] if o.partition("=")[0].lstrip("+~") not in replaced
@@ -181,10 +149,9 @@ class RunFolder:
         return f"python {script('train.py')} {shlex.join([*kept, *changes])}".rstrip()
 
     def from_anywhere(self, override: str) -> str:
-        """An override as it reads from any folder: a path given relative to where the run was started
-        (data.path=input.txt) made absolute there."""
-        key = override.partition("=")[0]
-        started_in = self.started_in()
+        """An override as it reads from any folder: a path given relative to where the run was started made
+        absolute there."""
+        key, started_in = override.partition("=")[0], self.hydra_record("runtime", "cwd")
         if key.lstrip("+~") not in (*PATH_KEYS, "hydra.run.dir") or started_in is None:
             return override
         try:
@@ -203,10 +170,9 @@ class RunFolder:
     # ---- checkpoints to continue from --------------------------------------------------------------------
 
     def checkpoint_to_resume(self) -> Path | None:
-        """The newest readable checkpoint holding the whole training state: the newest step file, or
-        best.ckpt when it was written later (a run killed after a validation, before its next step file). A
-        file that cannot be read is passed over with a warning; when none can be, the newest is returned,
-        and reading it says what is wrong."""
+        """The newest readable checkpoint of the whole training state: the newest step file, or best.ckpt where it
+        was written later (a run killed after a validation). One cut short is passed over, saying so; where none
+        can be read, the newest, which reading says what is wrong with."""
         candidates = [*self.step_checkpoints(), *([self.best] if self.best.is_file() else [])]
         readable = []
         for path in candidates:
@@ -216,16 +182,14 @@ class RunFolder:
                 readable.append((step, path != self.best, path))  # on a tie, the step file
         if not readable:
             return candidates[-1] if candidates else None
-        chosen = max(readable)[2]
         if len(readable) < len(candidates):
-            log.warning("continuing from %s, the newest checkpoint that can be read", chosen)
-        return chosen
+            log.warning("continuing from %s, the newest checkpoint that can be read", max(readable)[2])
+        return max(readable)[2]
 
     def checkpoint_named(self, resume: str) -> Path:
         """The checkpoint resume= names in this run: the file given, else the one to resume from."""
         named = Path(resume).expanduser()
-        checkpoint_file = named if named.is_file() else self.checkpoint_to_resume()
-        if checkpoint_file is None:
+        if (checkpoint_file := named if named.is_file() else self.checkpoint_to_resume()) is None:
             again = self.start_command()
             raise CheckpointError(
                 f"{self.path} has no checkpoint to resume from (checkpoints/step-*.ckpt or best.ckpt): it stopped "
@@ -234,15 +198,13 @@ class RunFolder:
         return checkpoint_file.resolve()
 
     def set_aside_after(self, step: int) -> list[Path]:
-        """A run resumed from an earlier checkpoint than its newest abandons what came after it: those
-        checkpoints move to checkpoints/superseded/, kept but never resumed from by mistake."""
-        later = [p for p in [*self.step_checkpoints(), self.best] if p.is_file() and step_of(p) > step]
-        aside = self.checkpoints / "superseded"
-        moved = []
-        for path in later:
+        """A run resumed from an earlier checkpoint than its newest abandons those after it: they move to
+        checkpoints/superseded/, kept but never resumed from by mistake."""
+        moved, aside = [], self.checkpoints / "superseded"
+        for path in [p for p in [*self.step_checkpoints(), self.best] if p.is_file() and step_of(p) > step]:
             aside.mkdir(exist_ok=True)
             target = aside / path.name
-            for n in itertools.count(2):
+            for n in itertools.count(2):  # beside those an earlier resume set aside
                 if not target.exists():
                     break
                 target = aside / f"{path.stem}-{n}{path.suffix}"
@@ -251,12 +213,11 @@ class RunFolder:
             self.last.unlink()
         return moved
 
-    # ---- the lock ----------------------------------------------------------------------------------------
+    # ---- the lock, and what a run that did not start leaves ----------------------------------------------
 
     def lock(self, made: Path | None = None) -> int:
-        """Hold the run's lock while this process lives (the descriptor returned); another process holding it:
-        RunFolderError naming that process. `made`: the outermost folder this process made for the run,
-        written in the lock for take_back."""
+        """Hold the run's lock while this process lives (the descriptor returned); RunFolderError naming the
+        process that holds it. `made`: the outermost folder made for the run, for take_back."""
         self.path.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.lock_file, os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -266,11 +227,8 @@ class RunFolder:
             os.close(fd)
             raise self.under_way(owner[0] if owner else "another process") from None
         os.ftruncate(fd, 0)
-        os.write(
-            fd, f"process {os.getpid()} on {socket.gethostname()}, since {datetime.now():%Y-%m-%d %H:%M:%S}\n".encode()
-        )
-        if made is not None:
-            os.write(fd, f"made {made}\n".encode())
+        since = f"process {os.getpid()} on {socket.gethostname()}, since {datetime.now():%Y-%m-%d %H:%M:%S}\n"
+        os.write(fd, (since + (f"made {made}\n" if made else "")).encode())
         return fd
 
     def held_by(self) -> str | None:
@@ -290,19 +248,15 @@ class RunFolder:
 
     def under_way(self, owner: str) -> RunFolderError:
         if self.sweep() is None and (self.path / SWEEP_RECORD).is_file():
-            return RunFolderError(
-                f"the sweep {self.path} is under way ({owner}); wait for it to end (or stop it), then continue it "
-                f"with {sweep_continue_command(self.path)}"
-            )
-        return RunFolderError(
-            f"run {self.path} is being trained by {owner}; wait for it to end (or stop it), then continue with "
-            f"resume={self.path}"
-        )
+            return RunFolderError(f"the sweep {self.path} is under way ({owner}); wait for it to end (or stop it), then "
+                                  f"continue it with {sweep_continue_command(self.path)}")  # fmt: skip
+        return RunFolderError(f"run {self.path} is being trained by {owner}; wait for it to end (or stop it), then "
+                              f"continue with resume={self.path}")  # fmt: skip
 
     def take_back(self, record: str | None = None) -> None:
         """Undo what this process made for a run that did not get to its first checkpoint: the folders it made
-        (as its lock says), or what it wrote into a folder that was empty; for a resume, only Hydra's `record`
-        of the command. A folder that holds a checkpoint is never removed."""
+        (its lock says which), or what it wrote into a folder given empty; of a resume, only Hydra's `record` of
+        the command. A folder that holds a checkpoint is never removed."""
         if record is not None or self.has_checkpoint():
             if record:
                 shutil.rmtree(self.path / record, ignore_errors=True)
@@ -313,19 +267,15 @@ class RunFolder:
                 shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink(missing_ok=True)
             return
         shutil.rmtree(self.path, ignore_errors=True)
-        for folder in self.path.parents:
-            if not folder.is_relative_to(made):
-                break
+        for folder in (p for p in self.path.parents if p.is_relative_to(made)):
             try:
                 folder.rmdir()
             except OSError:  # not empty: another run started in it meanwhile
                 break
 
-    # ---- checks before a run uses the folder --------------------------------------------------------------
-
     def check_new(self, chosen_by: str = "hydra.run.dir", restarted: bool = False) -> None:
         """Refuse a folder a new run must not write into: one that holds a run, or anybody's files.
-        `restarted`: a scheduler's job restarted before its first checkpoint, whose start is cleared."""
+        `restarted`: a scheduler restarted the job before its first checkpoint, whose start is cleared."""
         if self.path.exists() and not self.path.is_dir():
             raise RunFolderError(f"{chosen_by}={self.path}: that is a file, not a folder; choose a folder for the run")
         if owner := self.held_by():
@@ -336,65 +286,34 @@ class RunFolder:
                 if self.is_finished()
                 else "continue it with resume={}"
             )
-            raise RunFolderError(
-                f"{self.path} already holds a run; pick a new {chosen_by} (runs are never overwritten), or "
-                + further.format(self.path)
-            )
+            raise RunFolderError(f"{self.path} already holds a run; pick a new {chosen_by} (runs are never overwritten), "
+                                 f"or {further.format(self.path)}")  # fmt: skip
         if restarted:
             self.clear_start()
         elif self.started():
-            raise RunFolderError(
-                f"{self.path} holds a run that stopped before its first checkpoint, so it cannot be continued; "
-                f"delete the folder to start it again there, or pick a new {chosen_by}"
-            )
-        ours = (".lock", LOG_NAME, *([".hydra"] if self.hydra_record_of_ours() else []))
-        if other := sorted(p.name for p in self.path.iterdir() if p.name not in ours) if self.path.is_dir() else []:
-            listed = ", ".join(other[:3]) + (", ..." if len(other) > 3 else "")
-            raise RunFolderError(
-                f"{chosen_by}={self.path} holds files that are not a run's ({listed}); a run writes config.yaml, "
-                "metrics.csv, checkpoints/ and more there, so choose a new or empty folder"
-            )
+            raise RunFolderError(f"{self.path} holds a run that stopped before its first checkpoint, so it cannot be "
+                                 f"continued; delete the folder to start it again there, or pick a new {chosen_by}")  # fmt: skip
+        if other := self.others((".lock", LOG_NAME, *([".hydra"] if self.hydra_record_of_ours() else []))):
+            raise RunFolderError(f"{chosen_by}={self.path} holds files that are not a run's ({other}); a run writes "
+                                 "config.yaml, metrics.csv, checkpoints/ and more there, so choose a new or empty folder")  # fmt: skip
 
     def clear_start(self) -> None:
         """Remove what a run that stopped before its first checkpoint wrote, for it to start again here (a
         scheduler's restart, a sweep continued); a folder holding files no run writes is refused."""
-        others = (
-            sorted(p.name for p in self.path.iterdir() if p.name not in (*RUN_FILES, ".lock", ".hydra", LOG_NAME))
-            if self.path.is_dir()
-            else []
-        )
-        if others:
-            listed = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
-            raise RunFolderError(
-                f"{self.path} stopped before its first checkpoint, and holds files that are not a run's ({listed}); "
-                "move them out of it, then run this again to start it there anew"
-            )
+        if other := self.others((*RUN_FILES, ".lock", ".hydra", LOG_NAME)):
+            raise RunFolderError(f"{self.path} stopped before its first checkpoint, and holds files that are not a run's "
+                                 f"({other}); move them out of it, then run this again to start it there anew")  # fmt: skip
         for path in (self.path / name for name in RUN_FILES):
             shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink(missing_ok=True)
 
-    def check_continuable(self) -> None:
-        """Before a run is continued: each file it goes on writing must be what the run made (a folder, or a
-        file), readable and writable, where the run would stop on it with a traceback, part of it changed."""
-        for path, is_folder in [(self.path, True), *((self.path / name, kind) for name, kind in KEPT.items())]:
-            if not (path.exists() or path.is_symlink()):
-                continue  # (not written yet, or a link to a checkpoint moved aside: made anew)
-            if path.is_dir() != is_folder:
-                found, kept = ("a file", "folder") if is_folder else ("a folder", "file")
-                raise RunFolderError(
-                    f"{path} is {found}, where the run keeps its {path.name} {kept}; move it out of the run folder "
-                    f"(the run makes a new one), then continue with: {self.continue_command()}"
-                )
-            if not os.access(path, os.R_OK | os.W_OK | (os.X_OK if is_folder else 0)):
-                raise RunFolderError(
-                    f"{path} cannot be read and written by this user, and the run goes on writing it; make it so "
-                    f"(chmod {'u+rwx' if is_folder else 'u+rw'} {shlex.quote(str(path))}), then continue with: "
-                    f"{self.continue_command()}"
-                )
+    def others(self, ours: tuple[str, ...]) -> str:
+        """The first few names in the folder beyond `ours`, listed ("" where there are none)."""
+        found = sorted(p.name for p in self.path.iterdir() if p.name not in ours) if self.path.is_dir() else []
+        return ", ".join(found[:3]) + (", ..." if len(found) > 3 else "")
 
     def point_latest(self, link: Path) -> None:
         """Make `link` (outputs/latest) a link to this run, replacing the old one atomically."""
-        link = Path(link)
-        if link.exists() and not link.is_symlink():  # made since the run's settings were checked: kept
+        if (link := Path(link)).exists() and not link.is_symlink():  # made since the run's settings were checked
             log.warning("%s is not a link (it was made while the run trained), so it is left as it is", link)
             return
         link.parent.mkdir(parents=True, exist_ok=True)
@@ -412,8 +331,8 @@ def read_lines(path: Path) -> list[str]:
 
 
 def step_of(path: Path) -> int:
-    """A checkpoint's step; -1 for one cut short or damaged (never the newest: reading it later says what is
-    wrong). One refused for what it holds (pickled code) is refused here."""
+    """A checkpoint's step; -1 for one cut short or damaged (never the newest). One refused for what it holds
+    (pickled code) is refused here."""
     try:
         return checkpoint_step(path)
     except DamagedCheckpoint:
@@ -424,24 +343,17 @@ def step_of(path: Path) -> int:
 
 
 def folder_of(path: str | os.PathLike) -> RunFolder:
-    """The run a resume= path names: the folder itself, or the run holding a checkpoint (links such as
-    outputs/latest followed)."""
-    path = Path(path).expanduser()
-    if path.is_dir() and path.name == CHECKPOINTS_DIR:
+    """The run a resume= path names: the folder itself, or the run holding a checkpoint (links followed)."""
+    if (path := Path(path).expanduser()).is_dir() and path.name == CHECKPOINTS_DIR:
         path = path.parent
     if path.is_dir():
-        folder = RunFolder(path.resolve())
-        if not folder.holds_run():
-            again = folder.start_command()
-            why = (
-                f"the run started here stopped before it saved its settings (while it prepared its data), so there is "
-                f"nothing to continue; start it again as a new run: {again}"
-                if again
-                else "this folder holds no run (no config.yaml, no checkpoints/); give a run folder, a checkpoint in "
-                "one, or resume=auto"
-            )
-            raise RunFolderError(f"resume={path}: {why}")
-        return folder
+        if (folder := RunFolder(path.resolve())).holds_run():
+            return folder
+        if again := folder.start_command():
+            raise RunFolderError(f"resume={path}: the run started here stopped before it saved its settings (while it "
+                                 f"prepared its data), so there is nothing to continue; start it again as a new run: {again}")  # fmt: skip
+        raise RunFolderError(f"resume={path}: this folder holds no run (no config.yaml, no checkpoints/); give a run "
+                             "folder, a checkpoint in one, or resume=auto")  # fmt: skip
     if path.is_file() and path.parent.name == CHECKPOINTS_DIR:
         return RunFolder(path.parent.parent.resolve())
     if path.is_file() and (path.parent / CHECKPOINTS_DIR).is_dir():  # a file of a run: its config.yaml, ...
@@ -453,23 +365,20 @@ def folder_of(path: str | os.PathLike) -> RunFolder:
             f"resume={path}: a checkpoint outside a run folder cannot be resumed; use init_from={path}"
         )
     if path.is_symlink():  # outputs/latest, its run deleted since
-        raise RunFolderError(
-            f"resume={path} links to {os.readlink(path)}, which no longer exists; give a run folder that does, a "
-            "checkpoint in one, or resume=auto"
-        )
+        raise RunFolderError(f"resume={path} links to {os.readlink(path)}, which no longer exists; give a run folder "
+                             "that does, a checkpoint in one, or resume=auto")  # fmt: skip
     raise RunFolderError(f"resume={path} does not exist; give a run folder, a checkpoint in one, or resume=auto")
 
 
 def new_folder(root: str | os.PathLike) -> tuple[RunFolder, Path]:
-    """A new run folder under root, named by the time (YYYY-MM-DD/HH-MM-SS, -2, -3, ... where another run took
-    that name first: each name is taken by an atomic mkdir), and the outermost folder made for it."""
+    """A new run folder under root named by the time (YYYY-MM-DD/HH-MM-SS, then -2, -3, ... where another run
+    took the name first: each is taken by an atomic mkdir), and the outermost folder made for it."""
     base = Path(root).expanduser().absolute() / datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
     made = next((p for p in [*reversed(base.parents), base] if not p.exists()), base)
     base.parent.mkdir(parents=True, exist_ok=True)
     for n in range(1, 10_000):
-        candidate = base if n == 1 else base.with_name(f"{base.name}-{n}")
         try:
-            candidate.mkdir()
+            (candidate := base if n == 1 else base.with_name(f"{base.name}-{n}")).mkdir()
         except FileExistsError:
             continue
         return RunFolder(candidate), made if made != base else candidate
@@ -488,14 +397,12 @@ def resumable_runs(root: str | os.PathLike) -> list[RunFolder]:
             newest = folder.checkpoint_to_resume() if folder.started() else None
         except CheckpointError:  # one refused for what it holds: not a run to continue unasked
             continue
-        if newest is not None:
-            found.append((newest.stat().st_mtime, folder))
+        found += [(newest.stat().st_mtime, folder)] if newest else []
     return [folder for _, folder in sorted(found, key=lambda item: item[0], reverse=True)]
 
 
 def script(name: str) -> str:
-    """One of the project's scripts as a command to paste names it: by its name in the project's folder,
-    else by its full path (a run started from elsewhere, as python /path/to/train.py)."""
+    """One of the project's scripts as a command names it: by its name in the project's folder, else by its path."""
     return name if Path.cwd().resolve() == PROJECT else shlex.quote(str(PROJECT / name))
 
 
@@ -503,15 +410,11 @@ def sweep_continue_command(sweep: str | os.PathLike) -> str:
     return f"python {script('train.py')} -m {shlex.quote(typed_override('resume', RunFolder(sweep).path))}"
 
 
-# ---- launchers: torchrun, SLURM --------------------------------------------------------------------------
-
-
 def process_rank(environ=os.environ) -> int:
     """This process's rank in a multi-process launch (0 alone), read as Lightning reads it."""
-    for key in ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK"):
-        if environ.get(key) is not None:
-            return int(environ[key])
-    return 0
+    return next(
+        (int(environ[k]) for k in ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK") if environ.get(k)), 0
+    )
 
 
 def launcher_name(environ=os.environ) -> str | None:
@@ -526,7 +429,5 @@ def launcher_name(environ=os.environ) -> str | None:
 
 
 def launcher_restarted(environ=os.environ) -> bool:
-    """Whether this launch is a scheduler's restart of an earlier one (a requeued SLURM job, torchrun's workers
-    started again)."""
-    restarts = ("SLURM_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT")
-    return any(int(environ.get(key) or 0) > 0 for key in restarts)
+    """Whether a scheduler restarted this launch (a requeued SLURM job, torchrun's workers started again)."""
+    return any(int(environ.get(key) or 0) > 0 for key in ("SLURM_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT"))

@@ -84,8 +84,6 @@ def choose_folder(config: DictConfig) -> tuple[RunFolder, Path | None, bool]:
                                  "leave hydra.run.dir out")  # fmt: skip
         if first and (owner := folder.held_by()):
             raise folder.under_way(owner)
-        if first:
-            folder.check_continuable()
         return folder, None, True
     root, name = str(config.get("runs_root") or ""), launcher_name()
     for key, place in (("runs_root", root), *((("hydra.run.dir", str(config.hydra.run.dir)),) if explicit else ())):

@@ -349,8 +349,6 @@ def settle_resumed(
         if (now := lookup(values, key)) != was:
             warn(f"{key}={shown(was)} was chosen for the machine this run started on; on this one it continues "
                  f"with {key}={shown(now)} (give {key}={shown(was)} to keep the other)")  # fmt: skip
-    if edited := edits_of_the_record(run, saved, checkpoint):
-        warn(edited)
     try:
         values["tokens_per_step"], accumulation = global_batch(values, world_size)
     except SettingError as err:
@@ -532,33 +530,3 @@ def contradiction(key: str, want: Any, have: Any, saved: dict, requested: dict, 
 def logger_choice(values: dict[str, Any]) -> str:
     names = list(values.get("logger") or {})
     return ("[" + ",".join(names) + "]" if len(names) > 1 else names[0]) if names else "none"
-
-
-def edits_of_the_record(run: RunFolder, saved: dict[str, Any], checkpoint: Path) -> str | None:
-    """A warning where config.yaml, which resumes never rewrite, no longer holds the settings of the checkpoint
-    being resumed (edited by hand, expecting a change a resume does not read), or cannot be read."""
-    not_read = "config.yaml is a record of how the run began and is not read on resume"
-    try:
-        written = run.read_settings()
-    except Exception as err:  # RunFolderError: not YAML, or not settings
-        return f"{err}; {not_read}: the run continues with its checkpoint's settings"
-    set_by_a_resume = (*LAUNCH_KEYS, PREPARED, MACHINE_CHOSEN, "trainer.accumulate_grad_batches")
-    edited = [
-        key
-        for key in differing_leaves(written or {}, saved)
-        if not changeable(key) and key.split(".")[0] not in set_by_a_resume and key not in set_by_a_resume
-        if differs(key, lookup(written, key), lookup(saved, key))
-    ]
-    if written is None or not edited:
-        return None
-    listed = "; ".join(
-        f"{key} is {'not set' if lookup(written, key) is ABSENT else shown(lookup(written, key))} there and "
-        f"{'not set' if lookup(saved, key) is ABSENT else shown(lookup(saved, key))} in the run"
-        for key in edited[:3]
-    )
-    more = f"; and {len(edited) - 3} more" if len(edited) > 3 else ""
-    return (
-        f"{run.settings_file} differs from the run being resumed ({listed}{more}): {not_read}, and these settings "
-        "cannot change on resume, so the run continues with its own; to train with them, start a new run with them "
-        f"on the command line (init_from={checkpoint} starts it from this run's weights)"
-    )

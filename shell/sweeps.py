@@ -1,8 +1,8 @@
 """Sweeps (`python train.py -m optim.lr=1e-3,3e-3`) and searches (`-m hparams_search=optuna`): one sweep folder of
 run folders, and `summary.csv` / `summary.json` at its root naming the best job by `val/bpc` (what train.py
-returns to Hydra's sweepers). `Sweeps`, a Hydra callback, gives the sweep its folder after checking every value
-of every swept setting, continues a stopped sweep in its folder (-m resume=SWEEP, or a requeued SLURM job),
-and writes the summary as each job ends."""
+returns to Hydra's sweepers). `Sweeps`, a Hydra callback, gives the sweep its folder once every value of every
+swept setting passes the checks, continues a stopped sweep in its folder (-m resume=SWEEP, or a requeued SLURM
+job), and writes the summary as each job ends."""
 
 from __future__ import annotations
 
@@ -35,6 +35,7 @@ from shell.folders import (
     launcher_restarted,
     new_folder,
     process_rank,
+    sweep_continue_command,
 )
 
 log = logging.getLogger(__name__)
@@ -46,8 +47,7 @@ SEARCH_OF_TRIAL = "tinygpt2_search"  # a trial's user attribute: the folder of t
 
 
 class Sweeps(Callback):
-    """The sweep's folder, checked settings and summary; in a launch of several processes (torchrun, SLURM) the
-    first decides and writes for all."""
+    """The sweep's folder, checks and summary; in a launch of several processes the first decides for all."""
 
     def __init__(self) -> None:
         self.lock: int | None = None  # the sweep folder's, held while the sweep runs
@@ -59,95 +59,83 @@ class Sweeps(Callback):
             sys.exit(f"error: {err}")
 
     def start(self, config: DictConfig) -> None:
-        given = [o for o in config.hydra.overrides.task if o.lstrip("+").partition("=")[0] == "resume"]
+        given = [o.partition("=")[2] for o in config.hydra.overrides.task if o.lstrip("+").startswith("resume=")]
         shared = launcher_name()
         requeued = shared and launcher_restarted() and (Path("multirun") / shared / SWEEP_RECORD).is_file()
+        made = None
         if given or requeued:
-            folder = continue_sweep(
-                config, given[-1].partition("=")[2] if given else f"multirun/{shared}", bool(requeued)
-            )
+            folder = continue_sweep(config, given[-1] if given else f"multirun/{shared}", bool(requeued))
         else:
             check_sweep(config)
+            if process_rank() == 0 and "optuna" in str(config.hydra.sweeper.get("_target_", "")).lower():
+                open_study_storage(config.hydra.sweeper)
             folder, made = sweep_folder(config, shared)
         if process_rank() == 0:
-            self.lock = folder.lock(made=None if given or requeued else made)
+            self.lock = folder.lock(made)
             with read_write(config.hydra), open_dict(config.hydra):
                 config.hydra.sweep.dir = str(folder.path)
                 config.hydra.overrides.hydra.append(typed_override("hydra.sweep.dir", folder.path))
             OmegaConf.save(config, folder.path / SWEEP_RECORD)  # (Optuna's sweeper writes none)
-            if "optuna" in str(config.hydra.sweeper.get("_target_", "")).lower():
-                open_study_storage(config.hydra.sweeper)
 
     def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
         if process_rank() == 0:
             summarize(Path(config.hydra.sweep.dir))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        if process_rank() != 0:
-            return
         sweep_dir = Path(config.hydra.sweep.dir)
-        summary = summarize(sweep_dir)
+        summary = summarize(sweep_dir) if process_rank() == 0 else {"runs": [{"finished": True}]}
         if summary is None or not any(r["finished"] for r in summary["runs"]):
             log.error("no job of the sweep finished (their errors are above and in %s)", sweep_dir / "summary.csv")
             sys.exit(1)  # as a single run that fails: a script's next command does not go on
+        if process_rank() != 0:
+            return
         log.info("sweep summary: %s", sweep_dir / "summary.csv")
         swept = swept_settings(summary["runs"], sweep_dir)
-        described = {Path(r["run_dir"]).name: " ".join(f"{k}={v}" for k, v in overrides_as_dict(r).items() if k in swept)
-                     for r in summary["runs"]}  # fmt: skip
+        said = {
+            Path(r["run_dir"]).name: " ".join(f"{k}={v}" for k, v in given(r).items() if k in swept)
+            for r in summary["runs"]
+        }
         for r in summary["runs"]:
-            metrics = ", ".join(f"{m} {r['metrics'][m]:.4f}" for m in METRICS if m in r["metrics"]) or r.get(
+            figures = ", ".join(f"{m} {r['metrics'][m]:.4f}" for m in METRICS if m in r["metrics"]) or r.get(
                 "error", ""
             )
-            log.info(
-                "  %s  %s  %s", Path(r["run_dir"]).name, described[Path(r["run_dir"]).name] or "(defaults)", metrics
-            )
+            log.info("  %s  %s  %s", Path(r["run_dir"]).name, said[Path(r["run_dir"]).name] or "(defaults)", figures)
         if best := summary["best"]:
-            log.info(
-                "best: %s (%s), %s %.4f", best["run"], described[best["run"]] or "defaults", OBJECTIVE, best[OBJECTIVE]
-            )
-
-
-# ---- a new sweep -----------------------------------------------------------------------------------------
+            log.info("best: %s (%s), %s %.4f", best["run"], said[best["run"]] or "defaults", OBJECTIVE, best[OBJECTIVE])
 
 
 def sweep_folder(config: DictConfig, shared: str | None) -> tuple[RunFolder, Path | None]:
-    """The sweep's folder: the one hydra.sweep.dir names (new or empty), the one a torchrun or SLURM launch names
-    for itself, or a new one under multirun/ named by the time."""
+    """The sweep's folder, and the outermost folder made for it: the one hydra.sweep.dir names (new or empty),
+    the one a torchrun or SLURM launch names for itself, or a new one under multirun/ named by the time."""
     named = any(o.lstrip("+").startswith("hydra.sweep.dir=") for o in config.hydra.overrides.hydra)
-    if named or shared:
-        folder = RunFolder(config.hydra.sweep.dir if named else Path("multirun") / shared)
-        if "${" in str(folder.path):
-            raise RunFolderError(
-                f"{folder.path} has ${{ in its path, which Hydra reads as a reference to a setting; rename that folder, "
-                "or run in another (hydra.sweep.dir=DIR, or from another folder)"
-            )
-        if owner := folder.held_by():
-            raise RunFolderError(f"hydra.sweep.dir={folder.path} is the folder of a sweep under way ({owner}); choose a "
-                                 "new or empty folder")  # fmt: skip
-        ours = {".lock"} | (
-            {SWEEP_RECORD} | {p.name for p in folder.path.glob("[0-9]*") if not RunFolder(p).holds_run()}
-            if shared
-            else set()
-        )
-        if folder.path.exists() and (not folder.path.is_dir() or set(os.listdir(folder.path)) - ours):
-            said = "already holds a sweep" if shared else "is not empty"
-            raise RunFolderError(f"hydra.sweep.dir={folder.path} {said}; a sweep writes numbered run folders and a "
-                                 "summary there, so choose a new or empty folder")  # fmt: skip
-        made = next((p for p in [*reversed(folder.path.parents), folder.path] if not p.exists()), None)
-        folder.path.mkdir(parents=True, exist_ok=True)
-        return folder, made
-    return new_folder("multirun")
+    if not named and not shared:
+        return new_folder("multirun")
+    folder = RunFolder(config.hydra.sweep.dir if named else Path("multirun") / shared)
+    if "${" in str(folder.path):
+        raise RunFolderError(f"{folder.path} has ${{ in its path, which Hydra reads as a reference to a setting; rename "
+                             "that folder, or run in another (hydra.sweep.dir=DIR, or from another folder)")  # fmt: skip
+    if owner := folder.held_by():
+        raise RunFolderError(f"hydra.sweep.dir={folder.path} is the folder of a sweep under way ({owner}); choose a new "
+                             "or empty folder")  # fmt: skip
+    starting = {SWEEP_RECORD, *(p.name for p in folder.path.glob("[0-9]*") if not RunFolder(p).holds_run())}
+    if folder.path.exists() and (
+        not folder.path.is_dir() or set(os.listdir(folder.path)) - {".lock"} - (starting if shared else set())
+    ):
+        raise RunFolderError(f"hydra.sweep.dir={folder.path} {'already holds a sweep' if shared else 'is not empty'}; a "
+                             "sweep writes numbered run folders and a summary there, so choose a new or empty folder")  # fmt: skip
+    made = next((p for p in [*reversed(folder.path.parents), folder.path] if not p.exists()), None)
+    folder.path.mkdir(parents=True, exist_ok=True)
+    return folder, made
 
 
 def check_sweep(config: DictConfig) -> None:
     """Every value of every swept setting (and the ends and middle of a search's ranges) checked beside the first
-    of the others before the first job starts, with the files of the data; one line a problem."""
+    value of the others before the first job starts, with the files of the data; one line a problem."""
     sweeper = OmegaConf.to_container(config.hydra.sweeper, resolve=True)
     searching = "optuna" in str(sweeper.get("_target_", "")).lower()
     space = dict(sweeper.get("params") or {}) if searching else {}
     for override in config.hydra.overrides.hydra:
-        parsed = hydra_reading(override)
-        key = parsed.key_or_group
+        key = (parsed := hydra_reading(override)).key_or_group
         if parsed.is_sweep_override():
             instead = (
                 f"; give the search range as {key.removeprefix('hydra.sweeper.params.')}={override.split('=', 1)[1]}"
@@ -159,15 +147,8 @@ def check_sweep(config: DictConfig) -> None:
             space[key.removeprefix("hydra.sweeper.params.")] = override.split("=", 1)[1]
     given = [hydra_reading(o) for o in config.hydra.overrides.task]
     space = {k: v for k, v in space.items() if k not in {o.key_or_group for o in given}}
-    swept = [
-        (o, swept_values(o))
-        for o in [*given, *(hydra_reading(f"{k}={v}") for k, v in space.items())]
-        if o.is_sweep_override()
-    ]
-    for override, _ in swept:
-        if override.is_interval_sweep() and not searching:
-            raise SettingError(f"{override.input_line} is a range to search, which only a search samples: add "
-                               f"hparams_search=optuna, or list the values to try ({override.key_or_group}=a,b,c)")  # fmt: skip
+    overrides = [*given, *(hydra_reading(f"{k}={v}") for k, v in space.items())]
+    swept = [(o, swept_values(o, searching)) for o in overrides if o.is_sweep_override()]
     base, choices = plain(config), OmegaConf.to_container(config.hydra.runtime.choices)
     for override, values in swept:
         base, choices = with_value(base, choices, override.key_or_group, values[0]) if values else (base, choices)
@@ -199,21 +180,22 @@ def with_value(values: dict, choices: dict, key: str, value: Any) -> tuple[dict,
     return values, choices
 
 
-def swept_values(override: Any) -> list[Any]:
-    """The values a swept override gives (an interval: its ends and a value between them, as a search draws)."""
+def swept_values(override: Any, searching: bool) -> list[Any]:
+    """The values a swept override gives; of a search's interval, its ends and a value between them."""
     if override.is_interval_sweep():
+        if not searching:
+            raise SettingError(f"{override.input_line} is a range to search, which only a search samples: add "
+                               f"hparams_search=optuna, or list the values to try ({override.key_or_group}=a,b,c)")  # fmt: skip
         interval = override.value()
         low, high = float(interval.start), float(interval.end)
         inside = math.sqrt(low * high) if "log" in interval.tags and low > 0 else low + (high - low) * 0.382
         return [low, high, float(f"{inside:.4g}")]
     if "glob(" in override.input_line:
-        return []  # config files listed only inside Hydra's run: checked in each job
-    values = list(override.sweep_iterator())
-    if not values:  # Hydra would launch no job, and end saying nothing
-        raise SettingError(
-            f"{override.input_line} gives no values to sweep (range(start,stop) counts up from start to below stop, "
-            "e.g. range(1,4) is 1, 2, 3); list the values as key=a,b,c, or give a range that holds some"
-        )
+        return []  # config files are listed only inside Hydra's run: checked in each job
+    if not (values := list(override.sweep_iterator())):  # Hydra would launch no job, and end saying nothing
+        raise SettingError(f"{override.input_line} gives no values to sweep (range(start,stop) counts up from start to "
+                           "below stop, e.g. range(1,4) is 1, 2, 3); list the values as key=a,b,c, or give a range that "
+                           "holds some")  # fmt: skip
     return values
 
 
@@ -221,92 +203,38 @@ def swept_values(override: Any) -> list[Any]:
 
 
 def check_search(sweeper: dict[str, Any]) -> None:
-    """A search runs on the project's sweeper with Optuna 4 or later, minimises, and has a storage it can open
-    (a SQLite file that can be read and written, or made)."""
+    """A search runs on the project's sweeper with Optuna 4 or later, minimises, and draws at least one trial."""
     if "hydra_optuna_sweeper" in str(sweeper.get("_target_")):
-        raise SettingError(
-            "the hydra-optuna-sweeper plugin, installed here, takes the place of this project's Optuna search (and "
-            "needs Optuna 2); remove it: pip uninstall hydra-optuna-sweeper"
-        )
+        raise SettingError("the hydra-optuna-sweeper plugin, installed here, takes the place of this project's Optuna "
+                           "search (and needs Optuna 2); remove it: pip uninstall hydra-optuna-sweeper")  # fmt: skip
     if int(importlib.metadata.version("optuna").split(".")[0]) < 4:
         raise SettingError("a search needs Optuna 4 or later; upgrade it with: pip install -e '.[optuna]'")
-    direction = str(sweeper.get("direction", "minimize"))
-    if direction.rsplit(".", 1)[-1].lower() != "minimize":
-        raise SettingError(
-            f"hydra.sweeper.direction must be minimize, got {direction}: each trial returns its final {OBJECTIVE}, "
-            "which is better lower; leave it out"
-        )
+    if (direction := str(sweeper.get("direction", "minimize"))).rsplit(".", 1)[-1].lower() != "minimize":
+        raise SettingError(f"hydra.sweeper.direction must be minimize, got {direction}: each trial returns its final "
+                           f"{OBJECTIVE}, which is better lower; leave it out")  # fmt: skip
     for count in ("n_trials", "n_jobs"):
         if isinstance(sweeper.get(count), int) and sweeper[count] < 1:
             raise SettingError(f"hydra.sweeper.{count} must be at least 1, got {sweeper[count]}")
-    if (storage := sweeper.get("storage")) is not None:
-        check_storage(str(storage))
-
-
-def check_storage(storage: str) -> None:
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
-
-    given = f"hydra.sweeper.storage={storage}"
-    try:
-        url = make_url(storage)
-        url.get_dialect().import_dbapi()
-    except ArgumentError:
-        raise SettingError(f"{given} is not a database URL; give one such as sqlite:///search.db (a SQLite file in this "
-                           "folder)") from None  # fmt: skip
-    except (NoSuchModuleError, ImportError) as err:
-        raise SettingError(f"{given}: {err}; install the database's driver, or use sqlite:///search.db") from None
-    if url.get_backend_name() != "sqlite":
-        return
-    if url.host or not url.database:
-        raise SettingError(f"{given} names no file; a SQLite file is named with three slashes: sqlite:///search.db")
-    path = Path(url.database)
-    if path.is_dir():
-        raise SettingError(
-            f"{given}: {path} is a folder, not a database file; name a file in it, e.g. {path / 'search.db'}"
-        )
-    if path.exists():
-        try:
-            header = path.open("rb").read(16)
-        except OSError as err:
-            raise SettingError(
-                f"{given}: cannot read {path} ({err.strerror}); give a file you can read and write"
-            ) from None
-        if header and header != b"SQLite format 3\x00":
-            raise SettingError(
-                f"{given}: {path} is not a SQLite database; give the file of an earlier search, or a new name"
-            )
-        if not os.access(path, os.W_OK):
-            raise SettingError(
-                f"{given}: {path} cannot be written, and each trial is written to it; give a file you can write"
-            )
-    elif not path.parent.is_dir():
-        raise SettingError(f"{given}: the folder {path.parent} does not exist; make it, or give another path")
-    elif not os.access(path.parent, os.W_OK):
-        raise SettingError(f"{given}: the folder {path.parent} cannot be written; give another path")
 
 
 def open_study_storage(sweeper: DictConfig) -> None:
-    """A search's storage opened once before its sweep starts, so that it holds Optuna's tables before the sweeper
-    opens it (two searches on one new SQLite file take turns under a lock on its folder: each made the tables,
-    and the second failed); the trials a killed search left running are told to the study as failed."""
+    """A search's storage opened before its sweep starts, so that it holds Optuna's tables before the sweeper opens
+    it (two searches on one new SQLite file take turns under a lock on its folder: each made the tables, and the
+    second failed); the trials a killed search left running are told to the study as failed."""
     if not isinstance(storage := sweeper.get("storage"), str):
         return  # in memory
     import optuna
     from optuna.trial import TrialState
-    from sqlalchemy.engine import make_url
 
-    url = make_url(storage)
-    folder = Path(url.database or ".").expanduser().absolute().parent if url.get_backend_name() == "sqlite" else None
-    held = os.open(folder, os.O_RDONLY) if folder else None
+    held = None
     try:
-        if held is not None:
+        if storage.startswith("sqlite:///"):
+            held = os.open(Path(storage.removeprefix("sqlite:///")).expanduser().absolute().parent, os.O_RDONLY)
             fcntl.flock(held, fcntl.LOCK_EX)
         optuna.storages.RDBStorage(storage).engine.dispose()
     except Exception as err:
-        problem = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        raise SettingError(f"hydra.sweeper.storage={storage} cannot be opened ({problem}); check that the database "
-                           "can be reached and written, or give another storage") from None  # fmt: skip
+        raise SettingError(f"hydra.sweeper.storage={storage} cannot be opened ({(str(err).strip().splitlines() or [type(err).__name__])[0]}); "
+                           "give a database URL that can be reached and written, such as sqlite:///search.db") from None  # fmt: skip
     finally:
         if held is not None:
             os.close(held)
@@ -314,10 +242,8 @@ def open_study_storage(sweeper: DictConfig) -> None:
         study = optuna.load_study(study_name=str(sweeper.get("study_name")), storage=storage)
         for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             search = trial.user_attrs.get(SEARCH_OF_TRIAL)
-            if not isinstance(search, str) or not Path(search).is_dir() or RunFolder(search).held_by():
-                continue  # another process's search under way, or one this machine cannot see
-            with contextlib.suppress(Exception):  # (ended meanwhile by another search that found it so)
-                study.tell(trial.number, state=TrialState.FAIL)
+            if isinstance(search, str) and Path(search).is_dir() and not RunFolder(search).held_by():
+                study.tell(trial.number, state=TrialState.FAIL)  # left running by a search that was killed
                 print(f"trial {trial.number} of the study {study.study_name} was left running by a search that was "
                       f"killed ({search}); it is marked failed", file=sys.stderr)  # fmt: skip
 
@@ -328,8 +254,6 @@ def is_search(sweep_dir: Path) -> bool:
 
 
 def how_to_continue(sweep: Path) -> str:
-    from shell.folders import sweep_continue_command
-
     if not is_search(sweep):
         return f"continue the sweep, this job and the rest, with: {sweep_continue_command(sweep)}"
     return f"the search's trials so far are in {sweep / 'summary.csv'}; {how_to_add_trials(sweep)}"
@@ -351,53 +275,50 @@ def continue_sweep(config: DictConfig, given: str, requeued: bool) -> RunFolder:
     it was started in, into its folder, each job with resume=auto: one that finished is kept, a stopped one
     continues from its checkpoint, one stopped before its first checkpoint starts again, the others run."""
     what = f"the sweep folder {given}" if requeued else f"resume={given}"
-    others = [o for o in config.hydra.overrides.task if o.lstrip("+").partition("=")[0] != "resume"]
-    if given in ("", "null", "None", "auto") or "," in given and not Path(given).exists():
-        said = "resume=auto continues one run: run it without -m (python train.py resume=auto ...)" if given == "auto" else (
-            f"resume={given} with -m names no sweep to continue: give its folder (python train.py -m "
-            "resume=multirun/DATE/TIME), or leave resume= out to start a new sweep")  # fmt: skip
-        raise SettingError(said)
+    others = [o for o in config.hydra.overrides.task if not o.lstrip("+").startswith("resume=")]
+    if given in ("", "null", "None", "auto"):
+        raise SettingError("resume=auto continues one run: run it without -m (python train.py resume=auto ...)" if given else
+                           "resume= with -m names no sweep to continue: give its folder (python train.py -m "
+                           "resume=multirun/DATE/TIME), or leave resume= out to start a new sweep")  # fmt: skip
     if others and not requeued:
         raise SettingError(f"-m resume={given} continues the sweep with its own command line; leave out {others[0]} (a "
                            "job of it continues with settings of its own as python train.py resume=SWEEP/N ...)")  # fmt: skip
-    folder = RunFolder(given)
-    record = folder.path / SWEEP_RECORD
-    if not record.is_file():
+    folder, alone = RunFolder(given), RunFolder(Path(given) / "N").continue_command()
+    if not (folder.path / SWEEP_RECORD).is_file():
         try:
             run = folder_of(folder.path)
         except RunFolderError:
             where = "does not exist" if not folder.path.exists() else "is not a sweep's folder"
             raise SettingError(f"{what} {where}; with -m, resume= continues a sweep: give its folder (multirun/DATE/TIME, "
                                "the one holding multirun.yaml and the jobs' numbered folders)") from None  # fmt: skip
-        raise SettingError(f"{what} is a run, not a sweep: continue it without -m ({run.continue_command()})")
+        raise SettingError(f"{what} is a run, not a sweep: continue it without -m ({run.continue_command()})") from None
     try:
-        started = OmegaConf.to_container(OmegaConf.load(record).hydra, resolve=False)
+        started = OmegaConf.to_container(OmegaConf.load(folder.path / SWEEP_RECORD).hydra, resolve=False)
         task, hydra_given, cwd = started["overrides"]["task"], started["overrides"]["hydra"], started["runtime"]["cwd"]
         if not all(isinstance(o, str) for o in [*task, *hydra_given, cwd]):
             raise ValueError("its overrides are not lists of key=value")
     except Exception as err:
-        problem = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        raise SettingError(f"{what}: {record} cannot be read as a sweep's record ({problem}); continue its stopped jobs "
-                           f"alone with {RunFolder(folder.path / 'N').continue_command()}") from None  # fmt: skip
+        raise SettingError(f"{what}: {folder.path / SWEEP_RECORD} cannot be read as a sweep's record "
+                           f"({(str(err).strip().splitlines() or [type(err).__name__])[0]}); continue its stopped jobs "
+                           f"alone with {alone}") from None  # fmt: skip
     if is_search(folder.path):
-        why = "this job was restarted by its scheduler, and its sweep cannot continue: " if requeued else ""
         if requeued and (folder.path / SEARCH_RESULT).is_file():  # stopped as it ended
             print(f"this job was restarted by its scheduler, and its search had ended: {folder.path / SEARCH_RESULT}")
             sys.exit(0)
-        raise SettingError(f"{why}{what} is a search, which is not continued in its folder: {how_to_add_trials(folder.path)}; "
-                           f"a stopped trial continues alone with {RunFolder(folder.path / 'N').continue_command()}")  # fmt: skip
+        why = "this job was restarted by its scheduler, and its sweep cannot continue: " if requeued else ""
+        raise SettingError(f"{why}{what} is a search, which is not continued in its folder: "
+                           f"{how_to_add_trials(folder.path)}; a stopped trial continues alone with {alone}")  # fmt: skip
     if (owner := folder.held_by()) and process_rank() == 0:
         raise folder.under_way(owner)
     if not Path(cwd).is_dir():
         raise SettingError(f"the sweep {folder.path} was started in {cwd}, which is gone, and what its command line names "
-                           f"there cannot be found; restore that folder, or continue its stopped jobs alone with "
-                           f"{RunFolder(folder.path / 'N').continue_command()}")  # fmt: skip
+                           f"there cannot be found; restore that folder, or continue its stopped jobs alone with {alone}")  # fmt: skip
     if requeued and process_rank() == 0:
         print(f"this job was restarted by its scheduler: continuing the sweep {folder.path}", file=sys.stderr)
     os.chdir(cwd)  # its relative paths (data.path=input.txt) name what they named
     kept = [o for o in hydra_given if o.lstrip("+").partition("=")[0] not in ("hydra.sweep.dir", "hydra.mode")]
     with read_write(config.hydra), open_dict(config.hydra):
-        config.hydra.overrides.task = [*(o for o in task if o.lstrip("+").partition("=")[0] != "resume"), "resume=auto"]
+        config.hydra.overrides.task = [*(o for o in task if not o.lstrip("+").startswith("resume=")), "resume=auto"]
         config.hydra.overrides.hydra = [*kept, "hydra.mode=MULTIRUN"]
     return folder
 
@@ -424,32 +345,26 @@ def summarize(sweep_dir: Path) -> dict[str, Any] | None:
     jobs = (
         sorted((p for p in Path(sweep_dir).iterdir() if p.is_dir()), key=job_order) if Path(sweep_dir).is_dir() else []
     )
-    results = [r for r in (RunFolder(p).read_result() for p in jobs) if r]
-    if not results:
+    if not (results := [r for r in (RunFolder(p).read_result() for p in jobs) if r]):
         return None
     scored = [r for r in results if r["finished"] and math.isfinite(r["metrics"].get(OBJECTIVE, math.inf))]
     best = min(scored, key=lambda r: r["metrics"][OBJECTIVE]) if scored else None
-    summary = {
-        "objective": OBJECTIVE,
-        "best": {
-            "run": Path(best["run_dir"]).name,
-            "overrides": best["overrides"],
-            OBJECTIVE: best["metrics"][OBJECTIVE],
-        }
+    shown = (
+        {"run": Path(best["run_dir"]).name, "overrides": best["overrides"], OBJECTIVE: best["metrics"][OBJECTIVE]}
         if best
-        else None,
-        "runs": results,
-    }
+        else None
+    )
+    summary = {"objective": OBJECTIVE, "best": shown, "runs": results}
     write_atomically(Path(sweep_dir) / "summary.json", json.dumps(summary, indent=2))
     swept = swept_settings(results, Path(sweep_dir))
     names = [m for m in METRICS if any(m in r["metrics"] for r in results)]
-    changed = any(changed_on_resume(r) for r in results)
-    rows = [["run", *swept, *names, "finished", "best", *(["resumed with"] if changed else [])]]
+    rows = [["run", *swept, *names, "finished", "best"]]
     for r in results:
-        settings = overrides_as_dict(r)
-        rows.append([Path(r["run_dir"]).name, *(settings.get(k, "") for k in swept), *(r["metrics"].get(m, "") for m in names),
-                     r.get("error") or str(r["finished"]).lower(), "*" if r is best else "",
-                     *([" ".join(changed_on_resume(r))] if changed else [])])  # fmt: skip
+        settings, figures = given(r), [r["metrics"].get(m, "") for m in names]
+        ended = r.get("error") or str(r["finished"]).lower()
+        rows.append(
+            [Path(r["run_dir"]).name, *(settings.get(k, "") for k in swept), *figures, ended, "*" if r is best else ""]
+        )
     tmp = Path(sweep_dir) / ".summary.csv.tmp"
     with open(tmp, "w", newline="") as out:
         csv.writer(out).writerows(rows)
@@ -457,23 +372,17 @@ def summarize(sweep_dir: Path) -> dict[str, Any] | None:
     return summary
 
 
-def overrides_as_dict(result: dict[str, Any]) -> dict[str, str]:
-    """A job's settings from its command line as it ended: those it started with, and those a continuation changed."""
-    given = [*result["overrides"], *changed_on_resume(result)]
-    return dict(o.lstrip("+").split("=", 1) for o in given if "=" in o and o.lstrip("+").split("=")[0] != "resume")
-
-
-def changed_on_resume(result: dict[str, Any]) -> list[str]:
-    """The settings a job's continuation (python train.py resume=SWEEP/N key=value) gave that its start had not."""
-    started = {o.lstrip("+") for o in result["overrides"]}
-    return [o for o in result.get("resumed_with") or [] if "=" in o and o.lstrip("+") not in started
-            and o.lstrip("+~").partition("=")[0] != "resume" and not o.lstrip("+~").startswith("hydra.")]  # fmt: skip
+def given(result: dict[str, Any]) -> dict[str, str]:
+    """A job's settings as its command line gave them."""
+    return dict(
+        o.lstrip("+").split("=", 1) for o in result["overrides"] if "=" in o and not o.lstrip("+").startswith("resume=")
+    )
 
 
 def swept_settings(results: list[dict[str, Any]], sweep_dir: Path) -> list[str]:
     """What the sweep varies: the settings its command line sweeps and its search searches (Hydra's record,
-    multirun.yaml), and any override whose value differs between jobs."""
-    per_run = [overrides_as_dict(r) for r in results]
+    multirun.yaml), and any setting whose value differs between jobs."""
+    per_run = [given(r) for r in results]
     varied = [k for k in dict.fromkeys(k for s in per_run for k in s) if len({s.get(k) for s in per_run}) > 1]
     try:
         hydra = OmegaConf.load(Path(sweep_dir) / SWEEP_RECORD).hydra
