@@ -42,7 +42,7 @@ from model.hf import config_from_hf, from_hf_state_dict
 
 META_KEY = "tinygpt2"
 STATE_PREFIX = "model."  # the LightningModule keeps the GPT as `self.model`
-# A run folder's checkpoints (shell.run_folder writes them): looked for, best first, by loaders.
+# A run folder's checkpoints (training/checkpoints.py writes them): looked for, best first, by loaders.
 CHECKPOINTS_DIR, BEST_NAME, LAST_NAME = "checkpoints", "best.ckpt", "last.ckpt"
 CHECKPOINT_NAMES = (BEST_NAME, LAST_NAME)
 STEP_NAME = "step-{:06d}.ckpt"  # the periodic checkpoints: step-000500.ckpt

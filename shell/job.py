@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
@@ -49,7 +49,7 @@ class RunFolders(Callback):
     with -2, -3, ... where another run took that name. The first process of a launch holds its lock."""
 
     def __init__(self) -> None:
-        self.lock: int | None = None  # the run's, held while this process lives
+        self.lock: BinaryIO | None = None  # the run's lock, held while Hydra runs the job (closed with it)
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         if config.hydra.runtime.choices.get("hparams_search"):
@@ -58,14 +58,14 @@ class RunFolders(Callback):
             )
         try:
             folder, made, resuming = choose_folder(config)
+            if process_rank() == 0:
+                self.lock = os.fdopen(folder.lock(made), "rb")
         except USER_ERRORS as err:  # (Hydra turns a callback's exception into a warning, and goes on)
             sys.exit(f"error: {err}")
         with read_write(config.hydra), open_dict(config.hydra):
             config.hydra.run.dir = str(folder.path)
             if resuming and process_rank() == 0:  # Hydra's record of this command beside the run's first
                 config.hydra.output_subdir = f".hydra/resume-{datetime.now():%Y-%m-%d_%H-%M-%S}"
-        if process_rank() == 0:
-            self.lock = folder.lock(made)
 
 
 def choose_folder(config: DictConfig) -> tuple[RunFolder, Path | None, bool]:

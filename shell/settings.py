@@ -421,7 +421,7 @@ def continue_values(
             key.startswith("logger.") and key.split(".")[1] not in (values.get("logger") or {})
         ):
             put(values, key, want)
-        elif differs(key, want, have):
+        elif differs(key, want, have) and not shortened(key, requested, saved):
             raise SettingError(contradiction(key, want, have, saved, requested, run, choices))
     values["resume"] = requested.get("resume")
     if "latest_link" in named:  # else the link the run has always updated
@@ -473,19 +473,17 @@ def matches(requested: dict[str, Any], saved: dict[str, Any], named: Iterable[st
             continue
         if key in MACHINE_KEYS and lookup(requested, key) is None:
             continue
-        if key == "optim.warmup_steps" and fitted_warmup(saved) == fitted_warmup(requested):
-            continue  # (a warmup shortened to fit the run, as it was saved)
-        if differs(key, lookup(requested, key), lookup(saved, key)):
+        if differs(key, lookup(requested, key), lookup(saved, key)) and not shortened(key, requested, saved):
             return False
     return True
 
 
-def fitted_warmup(values: dict[str, Any]) -> int:
-    """The warmup a run of these settings takes (fit_warmup), shortened to fit or not."""
-    steps, warmup = lookup(values, "trainer.max_steps"), lookup(values, "optim.warmup_steps")
-    if not isinstance(steps, int) or not isinstance(warmup, int):
-        return -1
-    return steps // 10 if 0 < steps <= warmup else warmup
+def shortened(key: str, requested: dict[str, Any], saved: dict[str, Any]) -> bool:
+    """Whether the run saved the requested optim.warmup_steps as fit_warmup shortened it to fit its steps."""
+    steps, want = lookup(saved, "trainer.max_steps"), lookup(requested, key)
+    if key != "optim.warmup_steps" or not isinstance(want, int) or not isinstance(steps, int):
+        return False
+    return 0 < steps <= want and lookup(saved, key) == steps // 10
 
 
 def changeable(key: str) -> bool:

@@ -17,7 +17,7 @@ import math
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
@@ -50,7 +50,7 @@ class Sweeps(Callback):
     """The sweep's folder, checks and summary; in a launch of several processes the first decides for all."""
 
     def __init__(self) -> None:
-        self.lock: int | None = None  # the sweep folder's, held while the sweep runs
+        self.lock: BinaryIO | None = None  # the sweep folder's, held while Hydra runs the sweep (closed with it)
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         try:
@@ -71,7 +71,7 @@ class Sweeps(Callback):
                 open_study_storage(config.hydra.sweeper)
             folder, made = sweep_folder(config, shared)
         if process_rank() == 0:
-            self.lock = folder.lock(made)
+            self.lock = os.fdopen(folder.lock(made), "rb")
             with read_write(config.hydra), open_dict(config.hydra):
                 config.hydra.sweep.dir = str(folder.path)
                 config.hydra.overrides.hydra.append(typed_override("hydra.sweep.dir", folder.path))
