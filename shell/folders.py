@@ -197,6 +197,22 @@ class RunFolder:
             )
         return checkpoint_file.resolve()
 
+    def check_files(self) -> None:
+        """The files a resumed run goes on writing, each a file or folder as the run writes it, that this user can
+        read and write; else one line, before anything in the run changes."""
+        for name in (*RUN_FILES[2:], LOG_NAME):
+            path, folder = self.path / name, name in (CHECKPOINTS_DIR, "tensorboard", "wandb")
+            if not path.exists() and not path.is_symlink():
+                continue
+            if not path.exists() or path.is_dir() != folder:
+                problem = "is a broken link" if not path.exists() else f"is a {'file' if folder else 'folder'}"
+            elif not os.access(path, os.R_OK | os.W_OK | (os.X_OK if folder else 0)):
+                problem = "cannot be read and written by this user"
+            else:
+                continue
+            raise RunFolderError(f"cannot continue {self.path}: {path} {problem}, where the run keeps its own {name}; "
+                                 "restore it, or move it aside, then run this again")  # fmt: skip
+
     def set_aside_after(self, step: int) -> list[Path]:
         """A run resumed from an earlier checkpoint than its newest abandons those after it: they move to
         checkpoints/superseded/, kept but never resumed from by mistake."""

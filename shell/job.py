@@ -59,6 +59,8 @@ class RunFolders(Callback):
         try:
             folder, made, resuming = choose_folder(config)
             if process_rank() == 0:
+                if resuming:
+                    folder.check_files()
                 self.lock = os.fdopen(folder.lock(made), "rb")
         except USER_ERRORS as err:  # (Hydra turns a callback's exception into a warning, and goes on)
             sys.exit(f"error: {err}")

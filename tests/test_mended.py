@@ -8,6 +8,7 @@ from __future__ import annotations
 import http.server
 import json
 import shlex
+import shutil
 import threading
 import time
 
@@ -181,3 +182,24 @@ def test_a_slow_download_is_waited_for_and_a_failed_one_says_why(tmp_path, serve
         f"Tiny Shakespeare is not available (no local copy, and the download from {server}/missing failed: Not Found)"
     )
     assert not (tmp_path / "b" / "sources").exists()
+
+
+@pytest.mark.parametrize("name", ["metrics.csv", "tensorboard", "train.log"])
+def test_a_resume_whose_run_files_were_replaced_is_refused_in_one_line(tmp_path, small_text, name):
+    """A file of the run replaced by a folder (or a folder by a file) is named before the run changes."""
+    assert train_here(*TINY_OVERRIDES, "logger=[csv,tensorboard]", f"data.path={small_text}").returncode == 0
+    run = only_run(tmp_path / "outputs")
+    target = run / name
+    if target.is_dir():
+        shutil.rmtree(target)
+        target.write_text("not a folder\n")
+    else:
+        target.unlink()
+        target.mkdir()
+    before = sorted(p.relative_to(run) for p in run.rglob("*"))
+    kind = "file" if name == "tensorboard" else "folder"
+    assert refused(f"resume={run}", "trainer.max_steps=8") == (
+        f"cannot continue {run}: {target} is a {kind}, where the run keeps its own {name}; restore it, or move it "
+        "aside, then run this again"
+    )
+    assert sorted(p.relative_to(run) for p in run.rglob("*")) == before
