@@ -54,7 +54,7 @@ def shakespeare() -> Path:
 def finished_metrics(run: Path, what: str) -> dict[str, float]:
     """The final metrics a train.py run recorded in its result.json; one that a signal stopped early has
     no final validation: refused in one line."""
-    from shell.run_folder import RunFolder
+    from shell.folders import RunFolder
 
     result = RunFolder(run).read_result()
     if not result.get("finished"):

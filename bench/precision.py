@@ -12,7 +12,7 @@ AVX-512 BF16 (`avx512_bf16`: AMD EPYC from Zen 4 on) in dot-product instructions
 converts to and from bfloat16 around float32 arithmetic, and autocast only costs. `--widths` finds the
 width from which a CPU's bf16 pays. train.py decides for its own run the same way, in short: on a CPU
 with bfloat16 instructions it times a few steps of the run's shape in each precision the first time it
-sees the processor and shape (shell/cpu_precision.py), and trains in the faster.
+sees the processor and shape (shell/machine.py), and trains in the faster.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench import common  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
-from shell.flops import cpu_flags  # noqa: E402
+from shell.machine import cpu_flags  # noqa: E402
 from training.optim import make_adamw  # noqa: E402
 
 SHAPES = {  # (layers, heads, width, context, batch)

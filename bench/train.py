@@ -4,22 +4,25 @@ loop over the same model, data and optimizer, the two taking turns step by step 
     python bench/train.py            # nanoGPT's CPU recipe shape and the baby shape, eager and compiled (12-15 min)
     python bench/train.py --quick    # fewer steps, one run per shape, no compiled runs
 
-The run is `shell.run.train`, what `python train.py` calls, on a config composed from the same
-command-line overrides. One more callback, the last, runs a step of the bare loop after each of
-train.py's steps, so the two see the machine in the same state: on a shared machine the speed moves
-by 10-20% from minute to minute, far more than the 3% this measures, and runs taken one after the
-other compare that noise. train.py's step time is everything between two bare steps.
+The run is `python train.py` with those command-line overrides, run in this process as the script runs
+it (its command line read, Hydra, the settings checked, the data prepared, Lightning's fit, the report).
+One more callback, the last, runs a step of the bare loop after each of train.py's steps, so the two
+see the machine in the same state: on a shared machine the speed moves by 10-20% from minute to
+minute, far more than the 3% this measures, and runs taken one after the other compare that noise.
+train.py's step time is everything between two bare steps.
 
 Reports tokens per second of each over the steps after a warm-up, their ratio (target >= 0.97),
-model FLOPs utilisation against the CPU peak train.py's train/mfu uses (the larger of the theoretical
-fp32 rate and the fastest rate seen on this machine), and compile=true against eager.
+model FLOPs utilisation against the CPU peak train.py's train/mfu uses (the fastest rate seen on this
+machine, at the run's precision: shell.machine.device_peak_flops), and compile=true against eager.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import logging
+import signal
 import statistics
 import sys
 import tempfile
@@ -32,11 +35,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import training.fit  # noqa: E402
 from bench import common  # noqa: E402
 from data.datamodule import TextDataModule  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
-from shell.flops import cpu_peak_flops  # noqa: E402
-from shell.run import train  # noqa: E402
+from shell.machine import device_peak_flops  # noqa: E402
 from training.optim import lr_factor, make_adamw  # noqa: E402
 
 SHAPES = {
@@ -129,22 +132,54 @@ class BareLoop(L.Callback):
         self.bare_seconds.append(self.ended - start)
 
 
-def measure(shape: dict, steps: int, compile_model: bool) -> tuple[float, float, GPTConfig]:
-    """Tokens/s of the run and of the bare loop over the steps after the warm-up, and the model's shape."""
+def train_py(args: list[str], last_callback: L.Callback) -> None:
+    """`python train.py ARGS` in this process, as train.py runs it (shell.command_line.run around its Hydra
+    entry point), with one more callback after the run's own. A Ctrl-C or SIGTERM in the training loop stops
+    the run with its checkpoint (exit 130 or 143), and the benchmark with it; a refused run ends it too."""
+    import train
+    from shell import command_line
+
+    fit = training.fit.fit
+
+    def fit_with_it(settings, folder, start=None, extras=None):
+        extras = extras or training.fit.Extras()
+        extras.callbacks.append(last_callback)
+        return fit(settings, folder, start, extras)
+
+    argv, handlers = sys.argv, {signum: signal.getsignal(signum) for signum in common.STOPS}
+    training.fit.fit, sys.argv = fit_with_it, ["train.py", *args]
+    try:
+        command_line.run(train.main)
+    except SystemExit as ended:
+        if ended.code == 128 + signal.SIGTERM:
+            raise common.Terminated from None
+        if ended.code == 128 + signal.SIGINT:
+            raise KeyboardInterrupt from None
+        if ended.code not in (None, 0):
+            raise
+    finally:
+        training.fit.fit, sys.argv = fit, argv
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+
+
+def measure(shape: dict, steps: int, compile_model: bool) -> tuple[float, float, GPTConfig, float]:
+    """Tokens/s of the run and of the bare loop over the steps after the warm-up, the model's shape, and the
+    CPU peak FLOP/s the run's train/mfu was measured against (at its precision)."""
     cfg = compose_config(shape, steps, compile_model)
     datamodule = TextDataModule(cfg.data, cfg.tokenizer, cfg.model.block_size, cfg.seed, steps)
-    datamodule.prepare()
+    datamodule.prepare()  # (cached: the run reads the same tokens)
     bare = BareLoop(cfg, datamodule)
     with tempfile.TemporaryDirectory() as tmp, open(Path(tmp) / "output.txt", "w") as output:
-        with contextlib.redirect_stdout(output):  # the progress bar draws there, as it would on a terminal
-            result = train(cfg, Path(tmp) / "run", extra_callbacks=[bare])
-    if not result.finished:  # a Ctrl-C or SIGTERM in the training loop, which stops the run, not the script
-        raise common.Terminated if result.stopped_by == "SIGTERM" else KeyboardInterrupt
+        with contextlib.redirect_stdout(output):  # its log and progress lines go there, as to a log file
+            train_py([*overrides(shape, steps, compile_model), f"hydra.run.dir={Path(tmp) / 'run'}"], bare)
+        precision = json.loads((Path(tmp) / "run" / "result.json").read_text())["config"]["trainer"]["precision"]
     warmup = shape["warmup"]
     # run step k (k >= 1) is timed between bare steps k-1 and k; pair it with bare step k
     run, bare_steps = bare.run_seconds[warmup:], bare.bare_seconds[warmup + 1 :]
     tokens = shape["batch_size"] * shape["model"]["block_size"]
-    return tokens * len(run) / sum(run), tokens * len(bare_steps) / sum(bare_steps), bare.model.config
+    peak = device_peak_flops(torch.device("cpu"), precision)
+    return tokens * len(run) / sum(run), tokens * len(bare_steps) / sum(bare_steps), bare.model.config, peak
 
 
 def main() -> None:
@@ -172,9 +207,9 @@ def main() -> None:
             )
     common.shakespeare()  # found (or downloaded) before the first run, or said in one line
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)  # "GPU available: False", ...
-    peak = cpu_peak_flops()  # train.py's train/mfu peak: max(theoretical fp32 rate, fastest rate seen on this machine)
+    peak = device_peak_flops(torch.device("cpu"), "32-true")  # train.py's train/mfu peak: the fastest rate seen here
     print(
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads; CPU peak for MFU (the larger of the theoretical fp32 rate and the fastest seen here): {peak / 1e9:.0f} GFLOP/s"
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads; CPU peak for MFU (the fastest fp32 rate seen on this machine; a bf16 run's, the fastest bf16 rate): {peak / 1e9:.0f} GFLOP/s"
     )
     print("train.py's steps and the bare loop's alternate one by one in each run; tokens/s over the steps after")
     print("the warm-up. compiled: train.py with compile=true, its bare loop eager as always; vs eager compares")
@@ -185,7 +220,7 @@ def main() -> None:
         steps = steps_of[name]
         ratios = []
         for run in range(1, repeats + 1):
-            ours, bare, config = measure(shape, steps, compile_model=False)
+            ours, bare, config, peak = measure(shape, steps, compile_model=False)
             ratios.append(ours / bare)
             mfu = ours * config.flops_per_token() / peak
             print(
@@ -193,7 +228,7 @@ def main() -> None:
                 flush=True,
             )
         if not args.quick:
-            ours, bare, _ = measure(shape, steps, compile_model=True)
+            ours, bare, _, _ = measure(shape, steps, compile_model=True)
             eager = statistics.median(ratios)
             print(
                 f"{name:<12} {steps:>5} {'compiled':>14} {ours:>10.0f} {ours / bare:>6.3f}   "

@@ -436,7 +436,9 @@ def shakespeare_source(cfg) -> Source:
     except (OSError, ValueError) as err:  # no network, a proxy, a moved URL, a link too slow: "not available now"
         source = pydoc_source(cfg, label=OFFLINE_LABEL)
         why = getattr(err, "reason", None) or err
-        source.fallback = f"Tiny Shakespeare is not available (no local copy, and the download from {url} failed: {why})"
+        source.fallback = (
+            f"Tiny Shakespeare is not available (no local copy, and the download from {url} failed: {why})"
+        )
         return source
     return files_source(cfg, found)
 

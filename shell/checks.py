@@ -341,11 +341,15 @@ def check_values(values: dict[str, Any], choices: dict[str, Any] | None = None) 
                 for key in missing
             ]
         )
-    values = copy.deepcopy(values)
-    problems = [problem for key, value in list(leaves(values)) if (problem := check_value(values, key, value))]
+    values, choices = copy.deepcopy(values), choices or {}
+    strays = [key for key, _ in leaves(values) if stray(key, choices)]
+    problems = [unknown_setting(key, choices) for key in strays]
+    problems += [
+        p for key, value in list(leaves(values)) if key not in strays and (p := check_value(values, key, value))
+    ]
     problems += [f"unknown logger '{name}'; use logger=wandb, tensorboard, csv or none (or a list of them)"
                  for name in values.get("logger") or {} if name not in ("wandb", "tensorboard", "csv")]  # fmt: skip
-    problems += list(changed_kinds(values, choices or {}))
+    problems += list(changed_kinds(values, choices))
     model = values.get("model") or {}
     for name in WHOLE_MODEL_SETTINGS:  # model.n_embd=1e3 is 1000, as for every other whole-number setting
         if isinstance(model.get(name), float) and model[name].is_integer():
@@ -393,6 +397,19 @@ def leaves(values: dict[str, Any], prefix: str = ""):
 
 # The setting that says what each choice of a group is: changed alone, it would keep the other choice's settings.
 KIND_SETTINGS = {"data": "source", "tokenizer": "kind"}
+
+
+def stray(key: str, choices: dict[str, Any]) -> bool:
+    """A setting of data or tokenizer that the group's choice has not (+data.split=train beside data=shakespeare)."""
+    group, _, name = key.partition(".")
+    chosen = choices.get(group)
+    if (
+        group not in KIND_SETTINGS
+        or not isinstance(chosen, str)
+        or not (CONFIG_DIR / group / f"{chosen}.yaml").is_file()
+    ):
+        return False
+    return lookup(settings_of(group, chosen), name) is ABSENT
 
 
 def changed_kinds(values: dict[str, Any], choices: dict[str, Any]):

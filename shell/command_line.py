@@ -11,12 +11,14 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from shell.checks import CONFIG_DIR, choices_of, settings_of, trainer_parameters, unknown_setting
+from shell.checks import CONFIG_DIR, SPEC, choices_of, settings_of, trainer_parameters, unknown_setting
 from shell.errors import USER_ERRORS
+from shell.stops import Stopped, stops_raised
 
 # Settings whose value names one folder (or the run to continue): taken whole as typed, a comma, =, spaces,
 # quotes, brackets or letters beyond ASCII included, which Hydra's grammar reads otherwise or not at all.
 WHOLE_PATH_KEYS = ("runs_root", "latest_link", "hydra.run.dir", "hydra.sweep.dir", "resume")
+OPTIONAL_GROUPS = ("experiment", "debug", "hparams_search")  # recipes that choose other groups' choices
 
 
 def run(main: Callable[[], Any]) -> None:
@@ -25,11 +27,12 @@ def run(main: Callable[[], Any]) -> None:
     sys.argv = [sys.argv[0], *(whole_path(as_trainer_argument(arg)) for arg in sys.argv[1:])]
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra's errors come here whole, to be said in one line
     try:
-        main()
+        with stops_raised():  # (the libraries loaded with the signals' default actions: shell.startup)
+            main()
     except USER_ERRORS as err:
         sys.exit(f"error: {err}")
-    except KeyboardInterrupt:  # (before a job began: nothing was made)
-        sys.exit(stopped("before training began; nothing was written", 130))
+    except Stopped as stop:  # before a job began: nothing was made
+        sys.exit(stopped("before training began; nothing was written", stop.status))
     except Exception as err:
         said = hydras_error(err, sys.argv[1:])
         if said is None:
@@ -123,20 +126,27 @@ def hydras_error(err: Exception, args: list[str]) -> str | None:
     if "Config group override must be" in lines[0]:  # model=null: no choice
         given = next((o for o in overrides if (CONFIG_DIR / o.lstrip("+").split("=")[0]).is_dir()), "the group=")
         group = given.lstrip("+").split("=")[0]
-        return f"{given} is not a choice of {group}, which a run needs; choose one of: {', '.join(choices_of(group))}"
+        needed = f"; leave {group} out for none, or" if group in OPTIONAL_GROUPS else ", which a run needs;"
+        return f"{given} is not a choice of {group}{needed} choose one of: {', '.join(choices_of(group))}"
+    if lines[0].startswith("Only one of --run, --multirun, --cfg, --info"):  # -m --cfg job
+        flag = next((a for a in args if a in ("--cfg", "-c", "--info", "-i")), "--cfg")
+        return f"{flag} shows what one run would use and -m starts a sweep of several: leave -m out"
     if not isinstance(err, HydraException):
         return None
     if several := re.match(r"Ambiguous value for argument '(([^=']+)=[^']*)'", lines[0]):
         given, key = several.groups()
-        one = (
-            "resume= continues one run: continue each alone" if key == "resume" else "to train one run for each, add -m"
-        )
+        quoted = quoted_override(key, given.split("=", 1)[1])
+        if key == "resume":
+            return (f"{given} names several runs, and resume= continues one: continue each alone; if the comma is part "
+                    f"of the folder's name, quote it: {quoted}")  # fmt: skip
         return (
-            f"{given} gives several values: {one} (python train.py -m {given} ...); for a list, write {key}=[...]; if "
-            f"the comma is part of one value (a file name), quote it: {quoted_override(key, given.split('=', 1)[1])}"
+            f"{given} gives several values: to train one run for each, add -m (python train.py -m {given} ...); for a "
+            f"list, write {key}=[...]; if the comma is part of one value (a file name), quote it: {quoted}"
         )
     if unknown := re.match(r"Could not (override|delete from config\.) '([^']+)'", lines[0]):
         key = unknown[2]
+        if unknown[1] != "override" and (key in SPEC or key.removeprefix("trainer.") in trainer_parameters()):
+            return f"~{key}: {key} is already unset (null): leave ~{key} out"
         said = unknown_setting(key, choices_given(overrides))
         return f"~{key}: {said}" if unknown[1] != "override" else said
     below = lines[1:] or (str(err.__cause__).splitlines() if err.__cause__ else [])  # OmegaConf's reason
@@ -160,11 +170,15 @@ def missing_choice(line: str) -> str:
 
 
 def choices_given(overrides: list[str]) -> dict[str, str]:
-    """The choice of each config group on the command line, else configs/train.yaml's."""
+    """The choice of each config group on the command line, else the recipe's it chooses (experiment=...,
+    debug=...), else configs/train.yaml's."""
     made = {
         next(iter(d)): d[next(iter(d))] for d in settings_of(".", "train").get("defaults", []) if isinstance(d, dict)
     }
     given = {o.lstrip("+").split("=")[0]: o.split("=", 1)[1] for o in overrides if "=" in o}
+    for recipe in (r for r in OPTIONAL_GROUPS if isinstance(given.get(r), str)):
+        chosen = [d for d in settings_of(recipe, given[recipe]).get("defaults", []) if isinstance(d, dict)]
+        made |= {k.split("/")[-1].split(" ")[-1]: v for d in chosen for k, v in d.items()}
     return {group: given.get(group, made.get(group)) for group in made}
 
 

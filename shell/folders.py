@@ -200,12 +200,12 @@ class RunFolder:
     def check_files(self) -> None:
         """The files a resumed run goes on writing, each a file or folder as the run writes it, that this user can
         read and write; else one line, before anything in the run changes."""
-        for name in (*RUN_FILES[2:], LOG_NAME):
+        for name in (*RUN_FILES[2:], LOG_NAME, f"{CHECKPOINTS_DIR}/{BEST_NAME}", f"{CHECKPOINTS_DIR}/{LAST_NAME}"):
             path, folder = self.path / name, name in (CHECKPOINTS_DIR, "tensorboard", "wandb")
-            if not path.exists() and not path.is_symlink():
+            if not path.exists():
                 continue
-            if not path.exists() or path.is_dir() != folder:
-                problem = "is a broken link" if not path.exists() else f"is a {'file' if folder else 'folder'}"
+            if path.is_dir() != folder:
+                problem = f"is a {'file' if folder else 'folder'}"
             elif not os.access(path, os.R_OK | os.W_OK | (os.X_OK if folder else 0)):
                 problem = "cannot be read and written by this user"
             else:

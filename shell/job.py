@@ -7,8 +7,10 @@ in `Job.ending`, not in a callback.)"""
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
+import signal
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,7 +24,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from shell.checks import SettingError, check_writable, plain
-from shell.errors import USER_ERRORS, RunFolderError, RunWriteError, TrainingDiverged
+from shell.errors import USER_ERRORS, ProcessLost, RunFolderError, RunWriteError, TrainingDiverged
 from shell.folders import (
     RunFolder,
     folder_of,
@@ -35,7 +37,7 @@ from shell.folders import (
 from shell.init_from import Start
 from shell.settings import RunFinished, matches, named_settings, settle_new, settle_resumed
 from shell.startup import started
-from shell.stops import Stopped, stops_raised
+from shell.stops import STOPS, Stopped, hold_stops, stops_raised
 from shell.sweeps import how_to_continue, result_record, summarize
 from training.run_settings import RunSettings
 
@@ -56,6 +58,7 @@ class RunFolders(Callback):
             sys.exit(
                 "error: hparams_search is a search over many runs: add -m (python train.py -m hparams_search=optuna ...)"
             )
+        hold_stops()  # until the job can take the folder back (Job.ending)
         try:
             folder, made, resuming = choose_folder(config)
             if process_rank() == 0:
@@ -63,6 +66,7 @@ class RunFolders(Callback):
                     folder.check_files()
                 self.lock = os.fdopen(folder.lock(made), "rb")
         except USER_ERRORS as err:  # (Hydra turns a callback's exception into a warning, and goes on)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)
             sys.exit(f"error: {err}")
         with read_write(config.hydra), open_dict(config.hydra):
             config.hydra.run.dir = str(folder.path)
@@ -152,7 +156,7 @@ def settle(cfg: DictConfig, job: Job) -> tuple[RunSettings, Start | None]:
     requested = plain(cfg)
     named = named_settings(job.overrides, requested)
     if job.checkpoint is not None:
-        return settle_resumed(job.checkpoint, requested, named, job.overrides, job.choices), None
+        return settle_resumed(job.checkpoint, requested, named, job.overrides), None
     return settle_new(requested, named, job.choices)
 
 
@@ -168,7 +172,7 @@ def log_to_the_run() -> None:
         library = logging.getLogger(name)
         for handler in [h for h in library.handlers if isinstance(h, logging.FileHandler)]:
             library.removeHandler(handler)  # the job before's, in a sweep
-        for handler in files:
+        for handler in files if not library.propagate else []:  # (propagated, the root's handlers have it)
             library.addHandler(handler)
     logging.captureWarnings(True)
     if process_rank() != 0:
@@ -182,33 +186,30 @@ class Job:
     folder: RunFolder  # the run's, as Hydra gave it
     overrides: list[str]  # the command line's settings, as Hydra's record has them
     choices: dict[str, Any]  # the config group chosen for each group
-    checkpoint: Path | None  # the one the run continues from; None: a new run
+    resume: str | None  # resume= as given
     record: str | None  # Hydra's record of this command in the run folder, for a resume (.hydra/resume-<time>)
     sweep: Path | None  # the sweep folder, for a job of a sweep
     lock: int | None = None  # a job of a sweep's own lock, held while it trains
 
     @classmethod
     def of(cls, cfg: DictConfig) -> Job:
-        """This job, as Hydra runs it: a job of a continued sweep (resume=auto there) finds its run as it stands."""
+        """This job, as Hydra runs it."""
         started()  # the first job of the process: start-up is over (shell.startup)
         log_to_the_run()
         hydra = HydraConfig.get()
-        folder = RunFolder(hydra.runtime.output_dir)
         sweep = Path(hydra.sweep.dir).absolute() if hydra.mode == RunMode.MULTIRUN else None
-        resume, lock = cfg.get("resume"), None
-        if sweep is not None and process_rank() == 0:
-            lock = folder.lock(made=folder.path)
-            if resume == "auto" and not folder.has_checkpoint() and folder.started():
-                folder.clear_start()  # stopped before its first checkpoint: it starts again
-        if resume and resume != "auto":
-            checkpoint = folder.checkpoint_named(resume)
-        elif resume == "auto" or launcher_restarted():
-            checkpoint = folder.checkpoint_to_resume()
-        else:
-            checkpoint = None
         record = hydra.output_subdir if str(hydra.output_subdir).startswith(".hydra/resume-") else None
         choices = OmegaConf.to_container(hydra.runtime.choices)
-        return cls(folder, list(hydra.overrides.task), choices, checkpoint, record, sweep, lock)
+        return cls(
+            RunFolder(hydra.runtime.output_dir), list(hydra.overrides.task), choices, cfg.get("resume"), record, sweep
+        )
+
+    @functools.cached_property
+    def checkpoint(self) -> Path | None:
+        """The checkpoint the run continues from; None: a new run."""
+        if self.resume and self.resume != "auto":
+            return self.folder.checkpoint_named(self.resume)
+        return self.folder.checkpoint_to_resume() if self.resume == "auto" or launcher_restarted() else None
 
     @contextlib.contextmanager
     def ending(self) -> Iterator[None]:
@@ -216,12 +217,16 @@ class Job:
         in one line, and what it made is taken back; a job of a sweep records its error and the sweep goes on."""
         try:
             with stops_raised():
+                if self.sweep is not None and process_rank() == 0:
+                    self.lock = self.folder.lock(made=self.folder.path)
+                    if self.resume == "auto" and not self.folder.has_checkpoint() and self.folder.started():
+                        self.folder.clear_start()  # a job of a continued sweep stopped before its first checkpoint
                 yield
         except Stopped as stop:
             sys.exit(self.stopped(stop))
         except RunFinished as finished:
             if self.checkpoint is None or self.sweep is None:
-                sys.exit(f"error: {finished}")
+                sys.exit(self.refused(finished))
             said = ", ".join(
                 f"{k} {v:.4f}"
                 for k, v in self.folder.read_result().get("metrics", {}).items()
@@ -237,12 +242,14 @@ class Job:
         finally:
             if self.lock is not None:
                 os.close(self.lock)
+            if self.sweep is not None:
+                hold_stops()  # a stop between two jobs: the next job takes it
 
     def refused(self, err: Exception) -> int | str:
         """A job that cannot train: what it made taken back (a run with a checkpoint is kept, and its log says
         how it ended); the exit status, or the line to exit with."""
-        if process_rank() != 0:
-            return 1 if isinstance(err, TrainingDiverged) else f"error: {err}"  # the first says it for all
+        if process_rank() != 0:  # what they all meet, or the first's end, the first says for all
+            return 1 if isinstance(err, TrainingDiverged | ProcessLost) else f"error: {err}"
         self.folder.take_back(self.record)
         if self.folder.has_checkpoint():
             for handler in (h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)):

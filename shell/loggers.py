@@ -142,9 +142,8 @@ def make_wandb(cfg: dict[str, Any], folder: RunFolder) -> Logger:
     network) stops the run before it trains, in one line."""
     from lightning.pytorch.loggers import WandbLogger
 
-    log_model = bool(cfg.get("log_model", False))  # best.ckpt as a `model` artifact when the run ends
     if process_rank() != 0:
-        return WandbLogger(log_model=log_model)  # (Lightning's logger starts none in the other processes)
+        return WandbLogger()  # (Lightning's logger starts none in the other processes)
     import wandb
 
     mode = wandb_mode(cfg["mode"])
@@ -168,7 +167,18 @@ def make_wandb(cfg: dict[str, Any], folder: RunFolder) -> Logger:
             f"wandb could not start the run's log ({str(err).splitlines()[0][:300]}); check the network and your wandb "
             "login, or log offline with logger.wandb.mode=offline (upload later with `wandb sync`)"
         ) from None
-    return WandbLogger(experiment=run, log_model=log_model, save_dir=str(folder.path))
+    return WandbLogger(experiment=run, save_dir=str(folder.path))
+
+
+def log_best_model(folder: RunFolder) -> None:
+    """logger.wandb.log_model: best.ckpt as the wandb run's `model` artifact, model-<run id>, as model.ckpt (the
+    best checkpoint is the run's own callback, which Lightning's WandbLogger does not hear of)."""
+    import wandb
+
+    if wandb.run is not None and folder.best.is_file():
+        artifact = wandb.Artifact(f"model-{wandb.run.id}", type="model")
+        artifact.add_file(str(folder.best.resolve()), name="model.ckpt")
+        wandb.run.log_artifact(artifact, aliases=["best", "latest"])
 
 
 def wandb_run_id(folder: RunFolder) -> str:

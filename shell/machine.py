@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 import torch
 
 from model import GPT, GPTConfig
+from shell.checks import SettingError
 from training.optim import make_adamw
 
 log = logging.getLogger(__name__)
@@ -94,6 +95,9 @@ def write_cache(name: str, known: dict[str, Any]) -> None:
 def choose_precision(requested: Any, accelerator: str, machine: Machine, shape: tuple[GPTConfig, int] | None) -> str:
     """An explicit choice; else bf16-mixed on GPUs that have bfloat16, and on CPUs with bfloat16 instructions
     where the probe finds it trains the run's `shape` (model, batch) clearly faster; 32-true elsewhere."""
+    if str(requested) in ("16-mixed", "16", "16-true") and machine.on_cpu(accelerator):  # Lightning: bf16, unsaid
+        raise SettingError(f"trainer.precision={requested} needs a CUDA GPU (float16 has no CPU support); use "
+                           "trainer.precision=bf16-mixed or 32-true on a CPU")  # fmt: skip
     if requested:
         return str(requested)
     if machine.on_cuda(accelerator):

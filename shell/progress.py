@@ -32,7 +32,7 @@ class StepsBar(TQDMProgressBar):
 
     def __init__(self, accumulation: int) -> None:
         super().__init__(refresh_rate=10 * accumulation)
-        self.accumulation = accumulation
+        self.accumulation, self.seen = accumulation, 0
         self.redirect = logging_redirect_tqdm(loggers=[logging.getLogger(), logging.getLogger("lightning.pytorch")])
 
     def init_train_tqdm(self):
@@ -48,7 +48,14 @@ class StepsBar(TQDMProgressBar):
         self.redirect.__enter__()
 
     def on_train_epoch_start(self, trainer, *args) -> None:
-        pass  # a run is one epoch: the bar made as training starts (a resumed one too) counts it whole
+        self.seen = 0  # a run is one epoch: the bar made as training starts (a resumed one too) counts it whole
+
+    def on_train_batch_end(self, trainer, pl_module, *args) -> None:
+        self.seen += 1  # (Lightning's batch index goes on from the batches a resumed run counted on other devices)
+        bar = self.train_progress_bar
+        if (n := bar.initial + self.seen) % self.refresh_rate == 0 or n == bar.total:
+            bar.n = n
+            bar.set_postfix(self.get_metrics(trainer, pl_module))
 
     def get_metrics(self, trainer, pl_module) -> dict:
         metrics = {**pl_module.latest_train_values, **super().get_metrics(trainer, pl_module)}
@@ -116,6 +123,10 @@ class ProgressLines(ProgressBar):
     def on_train_end(self, trainer, pl_module) -> None:
         if trainer.global_step not in (self.written_step, self.start_step):  # stopped early, or by time
             self.write_training_line(trainer, pl_module)
+
+    def on_exception(self, trainer, pl_module, exception) -> None:
+        if getattr(exception, "at_checkpoint", False):  # stopped by a signal (shell.stops), its checkpoint written
+            self.on_train_end(trainer, pl_module)
 
     def write_training_line(self, trainer, pl_module) -> None:
         """A line such as: step 120/1814 | loss 2.410 | 11,200 tok/s | 2m31s left"""

@@ -20,10 +20,11 @@ from omegaconf import OmegaConf
 
 import training.fit
 from data.writes import refused_write
+from shell.checks import lookup
 from shell.errors import USER_ERRORS, ProcessLost, RunWriteError, TrainingDiverged
 from shell.folders import RunFolder, process_rank, script
 from shell.init_from import Start
-from shell.loggers import build_loggers, finish_loggers, start_loggers
+from shell.loggers import build_loggers, finish_loggers, log_best_model, start_loggers
 from shell.machine import device_peak_flops, precision_words, remember_rate
 from shell.progress import progress_callback
 from shell.stops import StopOnSignal, Stopped
@@ -76,14 +77,19 @@ def train(settings: RunSettings, job: Job, start: Start | None) -> RunResult:
     try:
         fitted = training.fit.fit(settings, folder.path, start.state if start else None, extras)
         result = result_of(fitted.trainer, fitted.module, settings, folder, stop.name if stop.requested else None)
+        if first and lookup(settings.values, "logger.wandb.log_model") is True:
+            log_best_model(folder)
     except Stopped as stopped:
         if not stopped.at_checkpoint:
             raise
         result = result_of(parts["trainer"], parts["module"], settings, folder, stopped.args[0], finished=False)
-    except TrainingDiverged as err:
-        raise TrainingDiverged(after_divergence(err, folder, settings)) from None
     except Exception as err:
-        raise in_one_line(err, folder) from None
+        said = TrainingDiverged(after_divergence(err, folder, settings)) if isinstance(err, TrainingDiverged) else None
+        said = said or in_one_line(err, folder)
+        if first and folder.has_checkpoint() and isinstance(said, USER_ERRORS):  # (a run kept: how it ended)
+            step = parts["trainer"].global_step if "trainer" in parts else 0
+            record(folder, settings, RunResult(folder, step=step, finished=False), job.overrides, str(said))
+        raise said from None
     finally:
         finish_loggers()
     if first:
@@ -180,6 +186,7 @@ def record(folder: RunFolder, settings: RunSettings, result: RunResult, override
     entry = result_record(
         folder, first if first is not None else overrides, settings.saved(), result.metrics, result.finished, error
     )
+    entry["step"] = result.step  # the optimizer steps it trained, in all
     if settings.resume_from:
         entry["resumed_with"] = overrides
     folder.write_result(entry)

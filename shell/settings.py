@@ -131,11 +131,6 @@ def check(values: dict[str, Any], choices: dict[str, Any], new_run: bool = True)
         )
     if accelerator == "mps" and not torch.backends.mps.is_available():
         raise SettingError("trainer.accelerator=mps: MPS is not available here; use trainer.accelerator=cpu or auto")
-    if str(trainer.get("precision")) in ("16-mixed", "16", "16-true") and machine.on_cpu(accelerator):
-        raise SettingError(
-            f"trainer.precision={trainer['precision']} needs a CUDA GPU (float16 has no CPU support); use "
-            "trainer.precision=bf16-mixed or 32-true on a CPU"
-        )
     if machine.on_cpu(accelerator) and (devices == -1 or isinstance(devices, list) or "," in str(devices)):
         raise SettingError(
             f"trainer.devices={shown(devices)} is for GPUs (-1: every one; a list: the ones named), and this run "
@@ -326,9 +321,7 @@ def absolute(value: Any) -> Any:
 # ---- a resumed run ----------------------------------------------------------------------------------------
 
 
-def settle_resumed(
-    checkpoint: Path, requested: dict[str, Any], named: list[str], overrides: list[str], choices: dict[str, Any]
-) -> RunSettings:
+def settle_resumed(checkpoint: Path, requested: dict[str, Any], named: list[str], overrides: list[str]) -> RunSettings:
     """A resumed run's settings: its checkpoint's, with the named settings that may change taken from the command
     line (any other that differs is refused, naming both values), checked, with steps left to train, on the data
     it started with, and what was chosen for the machine it started on chosen again for this one."""
@@ -344,7 +337,7 @@ def settle_resumed(
     for key in before:
         put(values, key, None)  # for check() to choose for this machine
     chosen = tuple(key for key in MACHINE_KEYS if lookup(values, key) is None)
-    values, world_size = check(values, choices, new_run=False)
+    values, world_size = check(values, {}, new_run=False)  # (the run's own choices, not the command line's)
     for key, was in before.items():
         if (now := lookup(values, key)) != was:
             warn(f"{key}={shown(was)} was chosen for the machine this run started on; on this one it continues "

@@ -39,11 +39,19 @@ def stop(signum, frame) -> None:
     raise Stopped(signum)
 
 
+def hold_stops() -> None:
+    """Stop signals wait from here (blocked) until stops_raised lets them in: between choosing a run's folder and
+    the job that takes back what it made on a stop (Hydra makes the folder and its record in between)."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOPS)
+
+
 @contextlib.contextmanager
 def stops_raised() -> Iterator[None]:
-    """While held, SIGINT and SIGTERM raise Stopped where the program is; the handlers before come back after."""
+    """While held, SIGINT and SIGTERM raise Stopped where the program is (one that waited, at once); the handlers
+    before come back after."""
     before = {signum: signal.signal(signum, stop) for signum in STOPS}
     try:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)
         yield
     finally:
         for signum, handler in before.items():

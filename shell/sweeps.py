@@ -15,6 +15,7 @@ import json
 import logging
 import math
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -24,8 +25,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from data.sources import check_files
 from data.writes import write_atomically
-from shell.checks import CONFIG_DIR, SettingError, check_values, plain, put, settings_of
-from shell.command_line import hydra_reading, typed_override
+from shell.checks import CONFIG_DIR, SettingError, check_values, plain, put, settings_of, stray
+from shell.command_line import hydra_reading, typed_override, whole_path
 from shell.errors import USER_ERRORS, RunFolderError
 from shell.folders import (
     SWEEP_RECORD,
@@ -37,6 +38,7 @@ from shell.folders import (
     process_rank,
     sweep_continue_command,
 )
+from shell.stops import STOPS, hold_stops
 
 log = logging.getLogger(__name__)
 
@@ -53,9 +55,11 @@ class Sweeps(Callback):
         self.lock: BinaryIO | None = None  # the sweep folder's, held while Hydra runs the sweep (closed with it)
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        hold_stops()  # until the first job can take the sweep's folder back (Job.ending)
         try:
             self.start(config)
         except USER_ERRORS as err:  # (Hydra turns a callback's exception into a warning, and goes on)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)
             sys.exit(f"error: {err}")
 
     def start(self, config: DictConfig) -> None:
@@ -72,9 +76,10 @@ class Sweeps(Callback):
             folder, made = sweep_folder(config, shared)
         if process_rank() == 0:
             self.lock = os.fdopen(folder.lock(made), "rb")
-            with read_write(config.hydra), open_dict(config.hydra):
-                config.hydra.sweep.dir = str(folder.path)
-                config.hydra.overrides.hydra.append(typed_override("hydra.sweep.dir", folder.path))
+        with read_write(config.hydra), open_dict(config.hydra):
+            config.hydra.sweep.dir = str(folder.path)
+            config.hydra.overrides.hydra.append(whole_path(typed_override("hydra.sweep.dir", folder.path)))
+        if process_rank() == 0:
             OmegaConf.save(config, folder.path / SWEEP_RECORD)  # (Optuna's sweeper writes none)
 
     def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
@@ -108,12 +113,14 @@ def sweep_folder(config: DictConfig, shared: str | None) -> tuple[RunFolder, Pat
     """The sweep's folder, and the outermost folder made for it: the one hydra.sweep.dir names (new or empty),
     the one a torchrun or SLURM launch names for itself, or a new one under multirun/ named by the time."""
     named = any(o.lstrip("+").startswith("hydra.sweep.dir=") for o in config.hydra.overrides.hydra)
-    if not named and not shared:
-        return new_folder("multirun")
-    folder = RunFolder(config.hydra.sweep.dir if named else Path("multirun") / shared)
+    folder = RunFolder(config.hydra.sweep.dir if named else Path("multirun") / (shared or ""))
     if "${" in str(folder.path):
         raise RunFolderError(f"{folder.path} has ${{ in its path, which Hydra reads as a reference to a setting; rename "
                              "that folder, or run in another (hydra.sweep.dir=DIR, or from another folder)")  # fmt: skip
+    if not named and not shared:
+        return new_folder("multirun")
+    if process_rank() != 0:  # the first process of the launch checks and makes it
+        return folder, None
     if owner := folder.held_by():
         raise RunFolderError(f"hydra.sweep.dir={folder.path} is the folder of a sweep under way ({owner}); choose a new "
                              "or empty folder")  # fmt: skip
@@ -136,6 +143,9 @@ def check_sweep(config: DictConfig) -> None:
     space = dict(sweeper.get("params") or {}) if searching else {}
     for override in config.hydra.overrides.hydra:
         key = (parsed := hydra_reading(override)).key_or_group
+        if key == "hydra.sweep.subdir" and not any(n in override for n in ("hydra.job.num", "hydra.job.id")):
+            raise SettingError(f"{override} would put every job of the sweep in one folder; leave it out (each job's "
+                               "folder is its number), or make it hold ${hydra.job.num}")  # fmt: skip
         if parsed.is_sweep_override():
             instead = (
                 f"; give the search range as {key.removeprefix('hydra.sweeper.params.')}={override.split('=', 1)[1]}"
@@ -147,9 +157,14 @@ def check_sweep(config: DictConfig) -> None:
             space[key.removeprefix("hydra.sweeper.params.")] = override.split("=", 1)[1]
     given = [hydra_reading(o) for o in config.hydra.overrides.task]
     space = {k: v for k, v in space.items() if k not in {o.key_or_group for o in given}}
+    choices = OmegaConf.to_container(config.hydra.runtime.choices)
+    for key in (k for k in (sweeper.get("params") or {}) if k in space and stray(k, choices)):
+        search, group = choices.get("hparams_search"), key.split(".")[0]
+        raise SettingError(f"hparams_search={search} searches {key}, which {group}={choices[group]} does not have; search "
+                           f"with a space of your own: a copy of configs/hparams_search/{search}.yaml without {key}")  # fmt: skip
     overrides = [*given, *(hydra_reading(f"{k}={v}") for k, v in space.items())]
     swept = [(o, swept_values(o, searching)) for o in overrides if o.is_sweep_override()]
-    base, choices = plain(config), OmegaConf.to_container(config.hydra.runtime.choices)
+    base = plain(config)
     for override, values in swept:
         base, choices = with_value(base, choices, override.key_or_group, values[0]) if values else (base, choices)
     check_values(base, choices)
@@ -164,6 +179,7 @@ def check_sweep(config: DictConfig) -> None:
                     f": the search would draw values such as {value:g}, refused" if override.is_interval_sweep() else ""
                 )
                 problems.append(f"{override.input_line}{drawn}: {err}")
+                break  # (one line for each swept setting)
     if problems:
         raise SettingError.several(problems)
     if searching:
@@ -192,7 +208,11 @@ def swept_values(override: Any, searching: bool) -> list[Any]:
         return [low, high, float(f"{inside:.4g}")]
     if "glob(" in override.input_line:
         return []  # config files are listed only inside Hydra's run: checked in each job
-    if not (values := list(override.sweep_iterator())):  # Hydra would launch no job, and end saying nothing
+    values = list(override.sweep_iterator())
+    if any(hasattr(v, "tags") for v in values):  # a=range(1,3),x
+        raise SettingError(f"{override.input_line}: a range() or choice() inside a list of values is not unfolded; "
+                           f"list each value, as {override.key_or_group}=a,b,c")  # fmt: skip
+    if not values:  # Hydra would launch no job, and end saying nothing
         raise SettingError(f"{override.input_line} gives no values to sweep (range(start,stop) counts up from start to "
                            "below stop, e.g. range(1,4) is 1, 2, 3); list the values as key=a,b,c, or give a range that "
                            "holds some")  # fmt: skip
@@ -358,13 +378,15 @@ def summarize(sweep_dir: Path) -> dict[str, Any] | None:
     write_atomically(Path(sweep_dir) / "summary.json", json.dumps(summary, indent=2))
     swept = swept_settings(results, Path(sweep_dir))
     names = [m for m in METRICS if any(m in r["metrics"] for r in results)]
-    rows = [["run", *swept, *names, "finished", "best"]]
-    for r in results:
+    resumed = [
+        " ".join(o for o in r.get("resumed_with", []) if not o.lstrip("+").startswith("resume=")) for r in results
+    ]
+    rows = [["run", *swept, *names, "finished", "best", *(["resumed with"] if any(resumed) else [])]]
+    for r, changed in zip(results, resumed, strict=True):
         settings, figures = given(r), [r["metrics"].get(m, "") for m in names]
         ended = r.get("error") or str(r["finished"]).lower()
-        rows.append(
-            [Path(r["run_dir"]).name, *(settings.get(k, "") for k in swept), *figures, ended, "*" if r is best else ""]
-        )
+        rows.append([Path(r["run_dir"]).name, *(settings.get(k, "") for k in swept), *figures, ended,
+                     "*" if r is best else "", *([changed] if any(resumed) else [])])  # fmt: skip
     tmp = Path(sweep_dir) / ".summary.csv.tmp"
     with open(tmp, "w", newline="") as out:
         csv.writer(out).writerows(rows)
@@ -373,10 +395,9 @@ def summarize(sweep_dir: Path) -> dict[str, Any] | None:
 
 
 def given(result: dict[str, Any]) -> dict[str, str]:
-    """A job's settings as its command line gave them."""
-    return dict(
-        o.lstrip("+").split("=", 1) for o in result["overrides"] if "=" in o and not o.lstrip("+").startswith("resume=")
-    )
+    """A job's settings as its command line gave them, and as a resume of it alone changed them."""
+    said = [*result["overrides"], *result.get("resumed_with", [])]
+    return dict(o.lstrip("+").split("=", 1) for o in said if "=" in o and not o.lstrip("+").startswith("resume="))
 
 
 def swept_settings(results: list[dict[str, Any]], sweep_dir: Path) -> list[str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import functools
 import io
+import logging
 import os
 import re
 import shlex
@@ -150,6 +151,7 @@ def inject_faults(monkeypatch, failpoint: str) -> None:
     from tests.faults import failpoints
 
     monkeypatch.setenv(failpoints.ENV, failpoint)
+    failpoints.FIRED.clear()  # (each test's failpoints fire once in it, whatever fired in this process before)
     failpoints.install()
 
 
@@ -174,7 +176,10 @@ def train_here(*args: str, cwd: Path | None = None, env: dict | None = None) -> 
 
     out, err = io.StringIO(), io.StringIO()
     before = (Path.cwd(), dict(os.environ), sys.argv, sys.stdout, sys.stderr)
+    root = logging.getLogger()
+    logs = (root.level, list(root.handlers))  # (Hydra sets the root logger up for the job)
     handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])  # (a sweep's end leaves the stop signals held)
     os.chdir(cwd or Path.cwd())
     os.environ.update(env or {})
     sys.argv, sys.stdout, sys.stderr = ["train.py", *args], out, err
@@ -190,6 +195,12 @@ def train_here(*args: str, cwd: Path | None = None, env: dict | None = None) -> 
         os.environ.update(environ)
         for signum, handler in handlers.items():
             signal.signal(signum, handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        for handler in [h for h in root.handlers if h not in logs[1]]:  # the run's console and train.log
+            for logger in (root, *map(logging.getLogger, ("lightning.pytorch", "lightning.fabric", "py.warnings"))):
+                logger.removeHandler(handler)
+            handler.close()
+        root.setLevel(logs[0])
     return Ran(code, out.getvalue(), err.getvalue())
 
 

@@ -17,6 +17,7 @@ from tests.common import (
     script_environment,
     start_script,
     stop_at,
+    train_here,
     validations,
 )
 
@@ -181,7 +182,7 @@ def test_context_use_scores_the_newest_run_as_its_validation_did_and_position_by
     outputs/latest, its "all" row is the loss the run's validation logged for the checkpoint it reads
     (the best), and windows a whole context apart score every token as that validation did."""
     tiny = [a for a in TINY_OVERRIDES if a not in ("latest_link=null", "trainer.limit_val_batches=4")]
-    trained = run_script("train.py", *tiny, f"data.path={plays(tmp_path / 'plays.txt')}")
+    trained = train_here(*tiny, f"data.path={plays(tmp_path / 'plays.txt')}")  # (in this process, as train.py runs)
     assert trained.returncode == 0, trained.stderr
     proc = run_script("bench/context_use.py")
     assert proc.returncode == 0, proc.stderr

@@ -6,9 +6,8 @@ from __future__ import annotations
 import json
 import logging
 import re
-import signal
-import subprocess
-import time
+import shlex
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,18 +21,19 @@ from data.cache import find_cache
 from data.datamodule import RandomWindows, TextDataModule
 from data.prepare import corpus_key, prepare_corpus
 from tests.common import (
+    ROOT,
     TINY_OVERRIDES,
     assert_bit_equal,
     bpe_config,
     data_config,
     inject_faults,
     one_error_line,
-    run_printed,
-    run_script,
+    refused,
     runs_under,
-    start_script,
+    train_here,
     train_losses,
 )
+from tests.faults import failpoints
 
 
 def dropout_entry(cache_dir, path, dropout=0.1, copies=3, **data):
@@ -90,6 +90,7 @@ def test_a_corpus_of_many_shards_across_processes(tmp_path, documents):
 
 def test_a_later_run_reads_the_same_encodings(tmp_path, small_text, caplog):
     first = dropout_entry(tmp_path, small_text)
+    caplog.clear()  # (the first preparation's lines, where a train.py run before left the root logger at INFO)
     with caplog.at_level(logging.INFO):
         again = dropout_entry(tmp_path, small_text)
     assert not again.made_now and again.folder == first.folder
@@ -179,7 +180,7 @@ def test_the_data_module_serves_every_encoding(tmp_path, small_text):
 
 
 @pytest.mark.slow
-def test_an_interrupted_run_resumed_as_printed_trains_on_the_same_encodings(small_text, tmp_path):
+def test_an_interrupted_run_resumed_as_printed_trains_on_the_same_encodings(small_text, tmp_path, monkeypatch):
     """The encodings are random in a way no seed fixes: a resumed run must find those it started with,
     and so end bit for bit as the run never stopped."""
     args = [
@@ -191,23 +192,24 @@ def test_an_interrupted_run_resumed_as_printed_trains_on_the_same_encodings(smal
         "trainer.val_check_interval=100",
         "checkpoint.every_n_steps=20",
     ]
-    reference = run_script("train.py", *args, "runs_root=reference", cwd=tmp_path)
+    reference = train_here(*args, "runs_root=reference")
     assert reference.returncode == 0, reference.stderr[-2000:]
     log = reference.stdout + reference.stderr
     assert "with 3 BPE-dropout encodings of its training split (dropout 0.1)" in log
     assert "BPE-dropout 0.1: the training split encoded 3 more times" in log
 
-    proc = start_script("train.py", *args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    deadline = time.time() + 300
-    while not list(tmp_path.glob("outputs/*/*/checkpoints/step-000020.ckpt")) and time.time() < deadline:
-        time.sleep(0.01)
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=600)
-    assert proc.returncode == 130, err[-2000:]
-    assert "BPE-dropout 0.1: the training split encoded" not in out + err  # the reference's entry, found
+    monkeypatch.setattr(failpoints, "FIRED", set())  # (a Ctrl-C of this process's own)
+    inject_faults(monkeypatch, "sigint:25")
+    stopped = train_here(*args)
+    monkeypatch.delenv(failpoints.ENV)
+    assert stopped.returncode == 130, stopped.stderr[-2000:]
+    said = stopped.stdout + stopped.stderr
+    assert "BPE-dropout 0.1: the training split encoded" not in said  # the reference's entry, found
     (run,) = runs_under(tmp_path / "outputs")
-    [printed] = [line.split("Continue with: ", 1)[1] for line in (out + err).splitlines() if "Continue with: " in line]
-    resumed = run_printed(printed, tmp_path)
+    [printed] = [line.split("Continue with: ", 1)[1] for line in said.splitlines() if "Continue with: " in line]
+    python, script, *words = shlex.split(printed)  # the command as a shell passes it on
+    assert python == "python" and Path(script) == ROOT / "train.py"
+    resumed = train_here(*words)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     (done,) = runs_under(tmp_path / "reference")
     assert_bit_equal(run / "checkpoints" / "last.ckpt", done / "checkpoints" / "last.ckpt")
@@ -215,38 +217,37 @@ def test_an_interrupted_run_resumed_as_printed_trains_on_the_same_encodings(smal
     # a cache of its own makes other encodings, which the run is told of as it goes on with them
     config = (run / "config.yaml").read_text()
     assert "encodings_made: " in config
-    other = run_script(
-        "train.py", f"resume={run}", "trainer.max_steps=310", f"data.cache_dir={tmp_path / 'other'}", cwd=tmp_path
-    )
+    other = train_here(f"resume={run}", "trainer.max_steps=310", f"data.cache_dir={tmp_path / 'other'}")
     assert other.returncode == 0, other.stderr[-2000:]
     assert "BPE-dropout encodings of the training split in the token cache" in other.stdout + other.stderr
     assert "were made again since this run started" in other.stdout + other.stderr
-    assert "tokenizer.dropout=0.2 contradicts the run being resumed" in one_error_line(
-        run_script("train.py", f"resume={run}", "tokenizer.dropout=0.2", cwd=tmp_path).stderr
-    )
+    # (refused: the run's train.log says so, and its checkpoints stay as they are)
+    checkpoints = sorted(p.name for p in (run / "checkpoints").iterdir())
+    contradicting = train_here(f"resume={run}", "tokenizer.dropout=0.2")
+    assert contradicting.returncode == 1
+    assert "tokenizer.dropout=0.2 contradicts the run being resumed" in one_error_line(contradicting.stderr)
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == checkpoints
 
 
 @pytest.mark.parametrize(
     "args, line",
     [
-        (["tokenizer.dropout=1"], "error: tokenizer.dropout must be below 1, got 1"),
-        (["tokenizer.dropout=nan"], "error: tokenizer.dropout must be a finite number, got nan"),
-        (["tokenizer.dropout=lots"], "error: tokenizer.dropout must be a number, got 'lots'"),
-        (["tokenizer.dropout_copies=0"], "error: tokenizer.dropout_copies must be"),
-        (["tokenizer.dropout_copies=1.5"], "error: tokenizer.dropout_copies must be a whole number, got 1.5"),
+        (["tokenizer.dropout=1"], "tokenizer.dropout must be below 1, got 1"),
+        (["tokenizer.dropout=nan"], "tokenizer.dropout must be a finite number, got nan"),
+        (["tokenizer.dropout=lots"], "tokenizer.dropout must be a number, got 'lots'"),
+        (["tokenizer.dropout_copies=0"], "tokenizer.dropout_copies must be"),
+        (["tokenizer.dropout_copies=1.5"], "tokenizer.dropout_copies must be a whole number, got 1.5"),
         (  # a char tokenizer has no merges to skip
             ["tokenizer=char", "tokenizer.dropout=0.1"],
-            "error: unknown setting 'tokenizer.dropout': tokenizer=char has no such setting",
+            "unknown setting 'tokenizer.dropout': tokenizer=char has no such setting",
         ),
     ],
 )
 def test_bad_values_are_refused_in_one_line_before_anything_is_made(args, line, small_text, tmp_path):
     cache = tmp_path / "cache"
     tiny = [o for o in TINY_OVERRIDES if "tokenizer=char" not in args or not o.startswith("tokenizer.")]
-    proc = run_script("train.py", *tiny, f"data.path={small_text}", f"data.cache_dir={cache}", *args)
-    assert proc.returncode != 0
-    assert one_error_line(proc.stderr).startswith(line)
-    assert not cache.exists() and not (tmp_path / "outputs").exists()
+    assert refused(*tiny, f"data.path={small_text}", f"data.cache_dir={cache}", *args).startswith(line)
+    # (refused(): no cache, no run folder)
 
 
 def test_encodings_of_a_large_corpus_say_what_they_cost(tmp_path, small_text, monkeypatch, caplog):

@@ -33,12 +33,14 @@ from tests.common import (
     bpe_config,
     compose_config,
     data_config,
+    inject_faults,
     one_error_line,
-    run_script,
+    refused,
     runs_under,
     script_command,
     script_environment,
     snapshot,
+    train_here,
 )
 
 
@@ -352,11 +354,8 @@ def test_the_wrong_kind_of_thing_where_a_preparation_writes_is_named_and_left_al
 def test_train_py_with_a_file_in_the_place_of_the_cache_folder_says_so_in_one_line(tmp_path, small_text):
     (tmp_path / "cache").mkdir()
     (tmp_path / "cache" / "tokens").write_text("not a folder")
-    env = {**os.environ, "TINYGPT2_CACHE": str(tmp_path / "cache")}
-    proc = run_script("train.py", *TINY_OVERRIDES, f"data.path={small_text}", cwd=tmp_path, env=env)
-    assert proc.returncode == 1
-    assert one_error_line(proc.stderr).startswith(f"error: the token cache cannot use {tmp_path / 'cache' / 'tokens'}:")
-    assert not (tmp_path / "outputs").exists()
+    line = refused(*TINY_OVERRIDES, f"data.path={small_text}", env={"TINYGPT2_CACHE": str(tmp_path / "cache")})
+    assert line.startswith(f"the token cache cannot use {tmp_path / 'cache' / 'tokens'}:")  # (and no run folder)
 
 
 def as_a_user(command: list[str]) -> list[str]:
@@ -409,9 +408,9 @@ def test_a_read_only_cache_serves_its_finished_entries_and_refuses_a_missing_one
         served = train_as_a_user(tmp_path, cache, *run)
         assert served.returncode == 0, served.stderr[-2000:]
         assert "using cached tokens" in served.stdout + served.stderr
-        refused = train_as_a_user(tmp_path, cache, *run, "tokenizer.vocab_size=320")
-    assert refused.returncode == 1
-    assert one_error_line(refused.stderr).startswith(
+        turned_away = train_as_a_user(tmp_path, cache, *run, "tokenizer.vocab_size=320")
+    assert turned_away.returncode == 1
+    assert one_error_line(turned_away.stderr).startswith(
         "error: the token cache has no entry for this data and tokenizer, and cannot be written to make one: "
     )
     assert len(runs_under(tmp_path / "outputs")) == 1  # the served run's; none for the refused one
@@ -423,12 +422,12 @@ def test_a_damaged_entry_in_a_read_only_cache_is_refused_with_the_command_to_del
     entry = prepared_entry(cache, small_text)
     damage(entry, "truncated val.bin")
     with read_only(cache):
-        refused = train_as_a_user(tmp_path, cache, *TINY_OVERRIDES, f"data.path={small_text}")
-    assert refused.returncode == 1
-    assert one_error_line(refused.stderr).startswith(
+        turned_away = train_as_a_user(tmp_path, cache, *TINY_OVERRIDES, f"data.path={small_text}")
+    assert turned_away.returncode == 1
+    assert one_error_line(turned_away.stderr).startswith(
         f"error: the token cache's entry {entry} is damaged and cannot be made again here: "
     )
-    assert f"delete it (rm -r {entry})" in refused.stderr
+    assert f"delete it (rm -r {entry})" in turned_away.stderr
     assert not (tmp_path / "outputs").exists()
 
 
@@ -506,16 +505,15 @@ def test_an_entry_is_checked_without_reading_its_token_files(tmp_path, small_tex
     assert not [f for f in opened if f.endswith(".bin")]
 
 
-@pytest.mark.slow
 def test_train_py_rebuilds_a_truncated_entry_and_trains_on_all_of_it(tmp_path, small_text):
     """As a user meets it: the cache entry a run made is cut short, and the next run says so and
     trains on the whole text, with the same number of tokens as the first."""
-    env = {**os.environ, "TINYGPT2_CACHE": str(tmp_path / "cache")}
-    first = run_script("train.py", *TINY_OVERRIDES, f"data.path={small_text}", cwd=tmp_path, env=env)
+    env = {"TINYGPT2_CACHE": str(tmp_path / "cache")}
+    first = train_here(*TINY_OVERRIDES, f"data.path={small_text}", env=env)
     assert first.returncode == 0, first.stderr[-2000:]
     (entry,) = (tmp_path / "cache" / "tokens").glob("*/train.bin")
     entry.write_bytes(entry.read_bytes()[:1000])
-    second = run_script("train.py", *TINY_OVERRIDES, f"data.path={small_text}", cwd=tmp_path, env=env)
+    second = train_here(*TINY_OVERRIDES, f"data.path={small_text}", env=env)
     assert second.returncode == 0, second.stderr[-2000:]
     damaged = [line for line in (second.stdout + second.stderr).splitlines() if "is damaged" in line]
     assert len(damaged) == 1 and f"entry {entry.parent} is damaged: train.bin holds 1,000 bytes" in damaged[0]
@@ -532,7 +530,7 @@ def test_a_file_size_limit_while_writing_the_cache_is_one_line_and_the_run_start
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))  # below the text's 2 MB of token ids
 
-    env = {**os.environ, "TINYGPT2_CACHE": str(tmp_path / "cache")}
+    env = {"TINYGPT2_CACHE": str(tmp_path / "cache")}
     args = [
         "train.py",
         *TINY_OVERRIDES,
@@ -542,23 +540,23 @@ def test_a_file_size_limit_while_writing_the_cache_is_one_line_and_the_run_start
     ]
     proc = subprocess.run(
         [sys.executable, str(ROOT / args[0]), *args[1:]],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600, preexec_fn=limit,
+        cwd=tmp_path, env={**script_environment(None, None), **env}, capture_output=True, text=True, timeout=600,
+        preexec_fn=limit,
     )  # fmt: skip
     assert proc.returncode == 1
     line = one_error_line(proc.stderr)
     assert line.startswith("error: a file reached the size limit: writing the token cache at ")
     assert line.endswith("Raise the file-size limit (ulimit -f), or set data.cache_dir to a disk with room")
     assert not (tmp_path / "outputs").exists()
-    again = run_script(*args, cwd=tmp_path, env=env)
+    again = train_here(*args[1:], env=env)  # the limit raised (this process has none): the same command trains
     assert again.returncode == 0, again.stderr[-2000:]
 
 
-@pytest.mark.slow
-def test_a_full_disk_while_writing_the_cache_is_one_line_and_the_work_is_kept(tmp_path, small_text):
-    env = {**os.environ, "TINYGPT2_CACHE": str(tmp_path / "cache")}
-    proc = run_script(
-        "train.py", *TINY_OVERRIDES, f"data.path={small_text}", cwd=tmp_path, env=env, failpoint="cache_enospc:1"
-    )
+def test_a_full_disk_while_writing_the_cache_is_one_line_and_the_work_is_kept(tmp_path, small_text, monkeypatch):
+    env = {"TINYGPT2_CACHE": str(tmp_path / "cache")}
+    inject_faults(monkeypatch, "cache_enospc:1")
+    proc = train_here(*TINY_OVERRIDES, f"data.path={small_text}", env=env)
+    monkeypatch.delenv("TINYGPT2_FAILPOINT")
     assert proc.returncode == 1
     line = one_error_line(proc.stderr)
     (staging,) = (tmp_path / "cache" / "tokens").glob("*.partial")
@@ -567,7 +565,8 @@ def test_a_full_disk_while_writing_the_cache_is_one_line_and_the_work_is_kept(tm
         f"the partial entry {staging} ("
     )
     assert "MB) is kept" in line and line.endswith("or set data.cache_dir to a disk with room")
+    assert not (tmp_path / "outputs").exists()
     # space again: the next run goes on from the kept shards
-    again = run_script("train.py", *TINY_OVERRIDES, f"data.path={small_text}", cwd=tmp_path, env=env)
+    again = train_here(*TINY_OVERRIDES, f"data.path={small_text}", env=env)
     assert again.returncode == 0 and "resuming: " in again.stdout + again.stderr
     assert not staging.exists()

@@ -2,10 +2,10 @@
 
 The commands are read from the ```bash blocks themselves. generate.py, explain.py, export.py and studio.py run for
 real, in a fresh folder whose outputs/latest is a small run stopped part way; each train.py command line
-goes through everything train.py checks before it trains (composition, every setting, the run folder,
-what resume= and init_from= name), with the run and Hugging Face folders the docs name made real. The
-commands that need what a test cannot have (the network, several GPUs or machines, an installation) are
-named below, each with the reason."""
+goes through what train.py checks before it makes anything (tests/common.py's passes_the_checks: the
+composition, every setting, what resume= and init_from= name; a --cfg command runs as written), with the
+run and Hugging Face folders the docs name made real. The commands that need what a test cannot have (the
+network, several GPUs or machines, an installation) are named below, each with the reason."""
 
 from __future__ import annotations
 
@@ -18,7 +18,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.common import ROOT, TINY_OVERRIDES, run_script, start_script
+from tests.common import (
+    ROOT,
+    TINY_OVERRIDES,
+    inject_faults,
+    passes_the_checks,
+    run_script,
+    snapshot,
+    start_script,
+    train_here,
+)
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 RUN = "outputs/2026-11-21/09-46-02"  # the run folder the docs name
@@ -60,14 +69,20 @@ def test_every_command_is_run_or_named_with_its_reason():
 
 @pytest.fixture(scope="module")
 def user_folder(tmp_path_factory, small_text) -> Path:
-    """A fresh folder as a user has it after a first run: RUN stopped at step 4 (SIGKILL) with the
-    tiny model, outputs/latest linking it; and the texts the data commands name."""
+    """A fresh folder as a user has it after a first run: RUN stopped by a Ctrl-C at step 4 with the tiny
+    model (trained in this process), outputs/latest linking it; and the texts the data commands name."""
+    from tests.faults import failpoints
+
     folder = tmp_path_factory.mktemp("user")
     args = [*TINY_OVERRIDES, "model.n_layer=4", f"data.path={small_text}", "checkpoint.every_n_steps=2"]
     args.append(f"hydra.run.dir={RUN}")
-    started = start_script("train.py", *args, "latest_link=outputs/latest", cwd=folder, failpoint="kill:4")
-    assert started.wait(timeout=600) != 0
-    (folder / "outputs" / "latest").symlink_to(folder / RUN)  # (train.py links a run that ends)
+    with pytest.MonkeyPatch.context() as patch:
+        failpoints.FIRED.discard(("sigint", 4))  # (a failpoint fires once a process: another test's may have)
+        inject_faults(patch, "sigint:4")
+        stopped = train_here(*args, "latest_link=outputs/latest", cwd=folder)
+    assert stopped.returncode == 130, stopped.stderr[-2000:]
+    if not (folder / "outputs" / "latest").is_symlink():
+        (folder / "outputs" / "latest").symlink_to(folder / RUN)
     for name in ("my_copy_of_input.txt", "my_text.txt", "notes.txt", "quotes.txt"):
         (folder / name).write_text(small_text.read_text(encoding="utf-8"), encoding="utf-8")
     for export in [c for c in commands() if c.startswith("python export.py")]:  # what the other commands read
@@ -120,19 +135,24 @@ TRAIN_COMMANDS = [c for c in commands() if c.startswith("python train.py") and n
 
 @pytest.mark.slow
 def test_each_train_py_command_line_passes_what_train_py_checks_before_it_trains(user_folder, monkeypatch):
-    """As train.py reads it before Hydra starts (shell.launch.Launch), with nothing claimed: every setting
-    is known and fits, the run resume= names continues, the folder init_from= names is a model."""
-    from shell.launch import Launch
+    """As train.py reads it before it makes anything (passes_the_checks), nothing made: every setting is known
+    and fits, the run resume= names is a run, the folder init_from= names is a model."""
+    import export
 
-    hf = user_folder / "hf" / "gpt2"
-    if not hf.exists():
-        exported = run_script("export.py", "--ckpt", RUN, "--out", "hf/gpt2", cwd=user_folder, timeout=600)
-        assert exported.returncode == 0, exported.stderr[-2000:]
     monkeypatch.chdir(user_folder)
+    if not (user_folder / "hf" / "gpt2").exists():
+        assert export.main(["--ckpt", RUN, "--out", "hf/gpt2"]) == 0
     refused = {}
     for command in TRAIN_COMMANDS:
+        args = shlex.split(command)[2:]
+        if "--cfg" in args:  # Hydra prints the config and ends: run as written, in this process
+            before = snapshot(user_folder)
+            ran = train_here(*args)
+            if ran.returncode != 0 or snapshot(user_folder) != before:
+                refused[command] = f"exit {ran.returncode}: {ran.stderr[-1000:]}"
+            continue
         try:
-            Launch(shlex.split(command)[2:], claim_folders=False).hydra_args()
+            passes_the_checks(*args)
         except Exception as err:  # noqa: BLE001 (each refusal is reported below, with its command)
             refused[command] = f"{type(err).__name__}: {err}"
     assert refused == {}

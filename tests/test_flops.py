@@ -1,139 +1,136 @@
-"""The peak train/mfu is measured against: a CPU's theoretical rate, the fastest rate seen, and a
-utilisation that never exceeds 1."""
+"""The peak train/mfu is measured against (shell.machine): a GPU's from Lightning's table at the run's precision, a
+CPU's the fastest rate seen on it (a matmul timed the first time, kept in $TINYGPT2_CACHE/cpu_peak_flops.json, and
+raised by any faster training since), so that the utilisation never exceeds 1."""
 
 from __future__ import annotations
 
+import csv
 import json
+import os
 
 import pytest
 import torch
 
-from shell.flops import (
-    cpu_key,
-    cpu_peak_flops,
-    fastest_seen,
-    fp32_flops_per_cycle,
-    peak_cache,
-    record_cpu_rate,
-    remember_rate,
-    theoretical_cpu_peak_flops,
-    this_cpu_theoretical_peak,
-)
+import shell.machine
+from shell.machine import cpu_key, device_peak_flops, matmul_rate, remember_rate
+from tests.common import TINY_OVERRIDES, train_here
 from training.callbacks import Throughput
 
-# /proc/cpuinfo of one logical CPU of a 4-core, 8-thread AVX2 machine, idling at 1.2 GHz
-XEON = """processor\t: 0
-vendor_id\t: GenuineIntel
-model name\t: Intel(R) Xeon(R) CPU E5-2673 v4 @ 2.30GHz
-cpu MHz\t\t: 1200.000
-siblings\t: 8
-cpu cores\t: 4
-flags\t\t: fpu sse sse2 ssse3 fma sse4_1 sse4_2 avx avx2
-"""
-GRAVITON = """processor\t: 0
-BogoMIPS\t: 243.75
-Features\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm
-CPU implementer\t: 0x41
-"""
+CPU = torch.device("cpu")
+PEAKS = "cpu_peak_flops.json"  # in $TINYGPT2_CACHE
 
 
-@pytest.mark.parametrize(
-    "flags, machine, per_cycle",
-    [
-        ({"sse", "avx", "avx2", "fma", "avx512f"}, "x86_64", 16 * 2 * 2),  # 16 lanes, two FMA units
-        ({"sse", "avx", "avx2", "fma"}, "x86_64", 8 * 2 * 2),
-        ({"sse", "avx"}, "x86_64", 8 * 2),  # no FMA: one multiply and one add unit
-        ({"sse", "sse2"}, "x86_64", 4 * 2),
-        ({"fp", "asimd"}, "aarch64", 4 * 4 * 2),  # four 128-bit FMA units
-        (set(), "x86_64", None),
-        ({"fp"}, "aarch64", None),
-    ],
-)
-def test_flops_per_cycle_follow_the_widest_vector_unit_and_its_fma_units(flags, machine, per_cycle):
-    assert fp32_flops_per_cycle(flags, machine) == per_cycle
+@pytest.fixture
+def peaks_here(tmp_path, monkeypatch):
+    """A cache of the test's own (as $TINYGPT2_CACHE names one), holding no rates yet: its rates' file."""
+    monkeypatch.setenv("TINYGPT2_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache" / PEAKS
 
 
-def test_the_theoretical_peak_takes_the_highest_clock_named_and_one_thread_per_physical_core():
-    # the model name's 2.3 GHz beats the idle 1.2 GHz; 8 logical CPUs are 4 cores
-    assert theoretical_cpu_peak_flops(XEON, "x86_64", [], cpus=8, threads=8) == pytest.approx(32 * 2.3e9 * 4)
-    assert theoretical_cpu_peak_flops(XEON, "x86_64", [], cpus=8, threads=2) == pytest.approx(32 * 2.3e9 * 2)
-    assert theoretical_cpu_peak_flops(XEON, "x86_64", [], cpus=2, threads=8) == pytest.approx(32 * 2.3e9 * 1)
-    # cpufreq's maximum (turbo) beats them both
-    turbo = theoretical_cpu_peak_flops(XEON, "x86_64", [3_500_000, 3_000_000], cpus=8, threads=8)
-    assert turbo == pytest.approx(32 * 3.5e9 * 4)
-    # Arm names no clock in /proc/cpuinfo: only cpufreq does
-    arm = theoretical_cpu_peak_flops(GRAVITON, "aarch64", [2_600_000], cpus=4, threads=4)
-    assert arm == pytest.approx(32 * 2.6e9 * 4)
-    assert theoretical_cpu_peak_flops(GRAVITON, "aarch64", [], cpus=4, threads=4) is None
-    assert theoretical_cpu_peak_flops("", "x86_64", [3_000_000], cpus=4, threads=4) is None
+def rates_kept(peaks) -> dict:
+    return json.loads(peaks.read_text())
 
 
-def store(folder, rate: float) -> None:
-    peak_cache(folder).parent.mkdir(parents=True, exist_ok=True)
-    peak_cache(folder).write_text(json.dumps({cpu_key(): rate}))
+def store(peaks, rates: dict) -> None:
+    peaks.parent.mkdir(parents=True, exist_ok=True)
+    peaks.write_text(json.dumps(rates))
 
 
-def test_a_measurement_taken_on_a_busy_machine_cannot_lower_the_peak_below_the_theoretical_rate(tmp_path):
-    busy = 1e9  # far below any CPU torch runs on
-    store(tmp_path, busy)
-    assert cpu_peak_flops(tmp_path) == max(busy, this_cpu_theoretical_peak() or 0.0)
-    assert fastest_seen(tmp_path) == {cpu_key(): busy}  # a stored figure is not measured again
+def test_a_matmul_rate_is_a_rate_this_cpu_reaches():
+    fp32 = matmul_rate(False, size=256, seconds=0.1)
+    assert 1e6 < fp32 < 1e14  # FLOP/s: more than a megaflop, less than a hundred teraflops
 
 
-def test_a_rate_seen_above_the_theoretical_one_is_the_peak(tmp_path):
-    store(tmp_path, 1e16)  # a CPU turbo-clocked above every clock it names
-    assert cpu_peak_flops(tmp_path) == 1e16
+def test_the_first_run_on_a_machine_measures_a_matmul_and_keeps_it(peaks_here, monkeypatch):
+    peak = device_peak_flops(CPU, "32-true")
+    assert peak > 0 and rates_kept(peaks_here) == {cpu_key(False): peak}
+    monkeypatch.setattr(shell.machine, "matmul_rate", lambda *args, **kwargs: pytest.fail("measured again"))
+    assert device_peak_flops(CPU, "32-true") == peak  # a stored figure is not measured again
 
 
-def test_the_first_run_on_a_machine_measures_a_matmul_and_keeps_it(tmp_path):
-    peak = cpu_peak_flops(tmp_path)
-    measured = fastest_seen(tmp_path)[cpu_key()]
-    assert 0 < measured <= peak and peak == max(measured, this_cpu_theoretical_peak() or 0.0)
+def test_the_fastest_rate_seen_is_the_peak_however_low(peaks_here, monkeypatch):
+    """A figure seen on a busy machine stays the peak until a faster rate is seen (train/mfu then raises it):
+    there is no theoretical rate to put below it."""
+    monkeypatch.setattr(shell.machine, "matmul_rate", lambda *args, **kwargs: pytest.fail("measured again"))
+    store(peaks_here, {cpu_key(False): 1e9})
+    assert device_peak_flops(CPU, "32-true") == 1e9
 
 
-def test_only_a_faster_rate_replaces_the_one_kept_and_other_entries_stay(tmp_path):
-    peak_cache(tmp_path).write_text('{"peak": 1.0, "other|8|8|2.4": 5e10, "bad": "x"}')
-    assert record_cpu_rate(2e10, tmp_path) == 2e10
-    assert record_cpu_rate(1e10, tmp_path) == 2e10
-    assert fastest_seen(tmp_path) == {"peak": 1.0, "other|8|8|2.4": 5e10, cpu_key(): 2e10}
-    for text in ("[1, 2]", "not json"):
-        peak_cache(tmp_path).write_text(text)
-        assert fastest_seen(tmp_path) == {}
-        assert record_cpu_rate(3e10, tmp_path) == 3e10
+def test_only_a_faster_rate_replaces_the_one_kept_and_other_entries_stay(peaks_here):
+    store(peaks_here, {"peak": 1.0, "other|8|8|2.4": 5e10, "bad": "x"})
+    assert remember_rate(CPU, "32-true", 2e10) == 2e10
+    assert remember_rate(CPU, "32-true", 1e10) == 2e10
+    assert rates_kept(peaks_here) == {"peak": 1.0, "other|8|8|2.4": 5e10, "bad": "x", cpu_key(False): 2e10}
 
 
-def test_mfu_never_exceeds_one_a_faster_rate_raises_the_peak_and_a_cpu_remembers_it(tmp_path, monkeypatch):
-    monkeypatch.setenv("TINYGPT2_CACHE", str(tmp_path))
+@pytest.mark.parametrize("damage", ["[1, 2]", "not json", "", '{"KEY": "fast"}', '{"KEY": -5}'])
+def test_a_damaged_file_of_rates_is_measured_again_and_written_whole(damage, peaks_here, monkeypatch):
+    peaks_here.parent.mkdir(parents=True)
+    peaks_here.write_text(damage.replace("KEY", cpu_key(False)))
+    monkeypatch.setattr(shell.machine, "matmul_rate", lambda bf16, *args, **kwargs: 7e9)
+    assert device_peak_flops(CPU, "32-true") == 7e9
+    assert rates_kept(peaks_here)[cpu_key(False)] == 7e9
+    assert remember_rate(CPU, "32-true", 8e9) == 8e9 and rates_kept(peaks_here)[cpu_key(False)] == 8e9
+
+
+def test_a_cache_that_cannot_be_written_only_loses_its_figures(tmp_path, monkeypatch):
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("TINYGPT2_CACHE", str(tmp_path / "file" / "cache"))  # under a file: never a folder
+    monkeypatch.setattr(shell.machine, "matmul_rate", lambda bf16, *args, **kwargs: 7e9)
+    assert device_peak_flops(CPU, "32-true") == 7e9 and remember_rate(CPU, "32-true", 8e9) == 8e9
+
+
+def test_mfu_never_exceeds_one_a_faster_rate_raises_the_peak_and_a_cpu_remembers_it(peaks_here):
     meter = Throughput(tokens_per_step=1024, world_size=1, precision="32-true", on_faster=remember_rate)
-    meter.device, meter.peak = torch.device("cpu"), 1e9
+    meter.device, meter.peak = CPU, 1e9
     assert meter.utilisation(5e8) == 0.5
     assert meter.utilisation(4e9) == 1.0 and meter.peak == 4e9
     assert meter.utilisation(2e9) == 0.5
-    assert fastest_seen(tmp_path) == {cpu_key(): 4e9}
+    assert rates_kept(peaks_here) == {cpu_key(False): 4e9}
 
     gpu = Throughput(tokens_per_step=1024, world_size=1, precision="bf16-mixed", on_faster=remember_rate)
     gpu.device, gpu.peak = torch.device("cuda", 0), 1e12
     assert gpu.utilisation(2e12) == 1.0 and gpu.peak == 2e12
-    assert fastest_seen(tmp_path) == {cpu_key(): 4e9}  # a GPU's rate is no CPU's
+    assert rates_kept(peaks_here) == {cpu_key(False): 4e9}  # a GPU's rate is no CPU's
 
 
-def test_a_cpu_that_multiplies_bfloat16_in_hardware_has_a_bf16_peak_of_its_own(tmp_path, monkeypatch):
-    """AVX-512 BF16 dot products do twice an FMA's work a cycle, AMX tiles 32 times; a CPU without
-    either converts around fp32 and has its fp32 peak in bf16 too."""
-    epyc = XEON.replace("avx avx2", "avx avx2 avx512f avx512_bf16")
-    sapphire = epyc.replace("avx512_bf16", "avx512_bf16 amx_bf16 amx_tile")
-    fp32 = theoretical_cpu_peak_flops(epyc, "x86_64", [], cpus=8, threads=8)
-    assert fp32 == pytest.approx(64 * 2.3e9 * 4)
-    assert theoretical_cpu_peak_flops(epyc, "x86_64", [], cpus=8, threads=8, bf16=True) == pytest.approx(2 * fp32)
-    assert theoretical_cpu_peak_flops(sapphire, "x86_64", [], cpus=8, threads=8, bf16=True) == pytest.approx(32 * fp32)
-    assert theoretical_cpu_peak_flops(XEON, "x86_64", [], cpus=8, threads=8, bf16=True) == pytest.approx(32 * 2.3e9 * 4)
-
-    # the fastest rates seen are kept apart: a bf16 run's rate does not raise the fp32 peak
-    monkeypatch.setenv("TINYGPT2_CACHE", str(tmp_path))
-    store(tmp_path, 1e16)
+def test_a_bf16_run_has_a_cpu_peak_of_its_own(peaks_here, monkeypatch):
+    """bfloat16 matmuls run at another rate than float32 (faster with AVX-512 BF16 or AMX, slower without): the
+    fastest rates seen are kept apart, and a bf16 run's rate does not raise the fp32 peak."""
+    store(peaks_here, {cpu_key(False): 1e16})
     meter = Throughput(tokens_per_step=1024, world_size=1, precision="bf16-mixed", on_faster=remember_rate)
-    meter.device, meter.peak = torch.device("cpu"), 1e9
+    meter.device, meter.peak = CPU, 1e9
     assert meter.utilisation(4e9) == 1.0
-    assert fastest_seen(tmp_path) == {cpu_key(): 1e16, cpu_key(bf16=True): 4e9}
-    assert cpu_peak_flops(tmp_path, bf16=True) == max(4e9, this_cpu_theoretical_peak(bf16=True) or 0.0)
-    assert cpu_peak_flops(tmp_path) == 1e16
+    assert rates_kept(peaks_here) == {cpu_key(False): 1e16, cpu_key(True): 4e9}
+    monkeypatch.setattr(shell.machine, "matmul_rate", lambda *args, **kwargs: pytest.fail("measured again"))
+    assert device_peak_flops(CPU, "bf16-mixed") == 4e9 and device_peak_flops(CPU, "32-true") == 1e16
+
+
+@pytest.mark.parametrize(
+    ("precision", "dtype"),
+    [("bf16-mixed", torch.bfloat16), ("bf16-true", torch.bfloat16), ("16-mixed", torch.float16), ("32-true", None)],
+)
+def test_a_gpus_peak_is_lightnings_figure_at_the_precision_it_trains_in(precision, dtype, peaks_here, monkeypatch):
+    asked = []
+    monkeypatch.setattr(
+        "lightning.fabric.utilities.throughput.get_available_flops",
+        lambda device, dtype: asked.append((device, dtype)) or 1e15,
+    )
+    gpu = torch.device("cuda", 0)
+    assert device_peak_flops(gpu, precision) == 1e15 and asked == [(gpu, dtype or torch.float32)]
+    assert remember_rate(gpu, precision, 2e15) == 2e15 and not peaks_here.exists()  # nothing kept of a GPU
+
+
+def test_a_run_logs_its_mfu_never_above_one_and_raises_a_peak_set_too_low(small_text, peaks_here, monkeypatch):
+    """A real run in this process, its CPU's peak kept far below what it reaches: every train/mfu logged is at
+    most 1, and the fastest rate it reached is kept."""
+    tokens = os.environ["TINYGPT2_CACHE"]  # (the session's: its tokens of the text are reused)
+    store(peaks_here, {cpu_key(False): 1.0})
+    run = peaks_here.parent.parent / "run"
+    args = [*TINY_OVERRIDES, f"data.path={small_text}", f"data.cache_dir={tokens}", f"hydra.run.dir={run}"]
+    monkeypatch.setenv("TINYGPT2_CACHE", str(peaks_here.parent))
+    ran = train_here(*args)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    mfu = [float(row["train/mfu"]) for row in csv.DictReader(open(run / "metrics.csv")) if row["train/mfu"]]
+    assert mfu and all(0 < value <= 1 for value in mfu), mfu
+    assert rates_kept(peaks_here)[cpu_key(False)] > 1e6  # the rate the run reached, remembered

@@ -15,7 +15,7 @@ from checkpoint import load_checkpoint
 from model import GPT
 from shell.checks import SettingError
 from shell.settings import check
-from tests.common import TINY_OVERRIDES, compose_config, run_script
+from tests.common import TINY_OVERRIDES, compose_config, run_script, train_here
 from tests.tiny import tiny_config
 from training.module import shard
 
@@ -63,10 +63,10 @@ def test_bf16_mixed_computes_with_bf16_weights_and_keeps_fp32_shards(mesh):
 def test_fsdp_takes_every_device_writes_no_samples_and_refuses_muon():
     fsdp = ["trainer.strategy=fsdp", "trainer.devices=2", "trainer.accelerator=cpu"]
     values = OmegaConf.to_container(compose_config(*fsdp), resolve=True)
-    checked, world_size = check(values)
+    checked, world_size = check(values, {"optim": "adamw"})
     assert world_size == 2 and checked["samples"]["enabled"] is False
     with pytest.raises(SettingError, match="optim=muon does not work with trainer.strategy=fsdp"):
-        check(OmegaConf.to_container(compose_config(*fsdp, "optim=muon"), resolve=True))
+        check(OmegaConf.to_container(compose_config(*fsdp, "optim=muon"), resolve=True), {"optim": "muon"})
 
 
 @pytest.mark.slow
@@ -84,7 +84,7 @@ def test_fsdp_on_two_processes_killed_and_resumed_matches_one_process(small_text
         "checkpoint.every_n_steps=2",
     ]
     single, fsdp = tmp_path / "single", tmp_path / "fsdp"
-    one = run_script("train.py", *common, f"hydra.run.dir={single}")
+    one = train_here(*common, f"hydra.run.dir={single}")  # (in this process: one process needs none of its own)
     assert one.returncode == 0, one.stderr[-2000:]
     killed = run_script(
         "train.py",

@@ -20,7 +20,7 @@ from checkpoint import META_KEY, CheckpointError, load_checkpoint
 from generation import generate as generate_tokens
 from model import GPT
 from model.hf import from_hf_state_dict
-from tests.common import TINY_OVERRIDES, one_error_line, run_script, script_command, script_environment
+from tests.common import TINY_OVERRIDES, one_error_line, script_command, script_environment, train_here
 from tests.tiny import EOT, train_tiny_gpt, write_checkpoint
 
 transformers.utils.logging.set_verbosity_error()
@@ -235,15 +235,19 @@ def test_folders_tinygpt2_cannot_represent_are_refused(transformers_folder, tmp_
 
 
 @pytest.mark.parametrize("field, value", [("layer_norm_epsilon", "1e-5x"), ("resid_pdrop", [0.1])])
-def test_a_config_json_number_of_the_wrong_type_is_refused_in_one_line(transformers_folder, tmp_path, field, value):
+def test_a_config_json_number_of_the_wrong_type_is_refused_in_one_line(
+    transformers_folder, tmp_path, field, value, capsys
+):
     folder = tmp_path / "typo"
     shutil.copytree(transformers_folder, folder)
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, field: value}))
-    for command in (("export.py", "--ckpt", str(folder), "--out", "out"), ("generate.py", "--ckpt", str(folder))):
-        done = run_script(*command, cwd=tmp_path)
-        assert done.returncode == 1
-        assert f"{field} is {value!r}, not a number" in one_error_line(done.stderr)
+    for main, args in (
+        (export.main, ["--ckpt", str(folder), "--out", "out"]),
+        (generate.main, ["--ckpt", str(folder)]),
+    ):
+        assert main(args) == 1
+        assert f"{field} is {value!r}, not a number" in one_error_line(capsys.readouterr().err)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["typo"]
 
 
@@ -411,8 +415,8 @@ def test_a_char_tokenizer_exports_its_own_unknown_token(tmp_path, small_text, ca
     """The char tokenizer maps unseen characters to <|unk|>: transformers is told so, rather than that
     <|endoftext|> is the unknown token (which it never is for this tokenizer)."""
     tiny = [a for a in TINY_OVERRIDES if not a.startswith("tokenizer.")]
-    proc = run_script("train.py", *tiny, f"data.path={small_text}", "tokenizer=char", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    ran = train_here(*tiny, f"data.path={small_text}", "tokenizer=char")
+    assert ran.returncode == 0, ran.stderr[-2000:]
     (run,) = tmp_path.glob("outputs/*/*/checkpoints")
     assert export.main(["--ckpt", str(run.parent), "--out", str(tmp_path / "hf")]) == 0
     tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")

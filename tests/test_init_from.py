@@ -4,7 +4,6 @@ its tokenizer and shape, and refusing model settings that contradict it."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 
 import pytest
@@ -12,11 +11,11 @@ import torch
 from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer
 
+import export
 from checkpoint import CheckpointError, load_checkpoint
 from model import ConfigError
 from shell.init_from import kept_tokenizer, model_keys_in, start_from
-from shell.run import train
-from tests.common import TINY_OVERRIDES, compose_config, run_script
+from tests.common import TINY_OVERRIDES, compose_config, refused, train_here
 from tests.tiny import train_tiny_gpt, write_checkpoint
 
 # the tiny run settings, minus the model shape and tokenizer: those come from init_from
@@ -33,11 +32,16 @@ def same_tokenizer(a: str, b: str) -> bool:
     return Tokenizer.from_str(a).to_str() == Tokenizer.from_str(b).to_str()
 
 
-@pytest.mark.slow
+def trained_into(run, *overrides: str) -> dict:
+    """python train.py OVERRIDES hydra.run.dir=run, in this process: what its result.json records."""
+    ran = train_here(*overrides, f"hydra.run.dir={run}")
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    return json.loads((run / "result.json").read_text())
+
+
 def test_fine_tuning_from_a_folder_saved_by_transformers(transformers_folder, tiny_gpt, small_text, tmp_path):
-    overrides = [*RUN, f"data.path={small_text}", f"init_from={transformers_folder}"]
-    result = train(compose_config(*overrides), tmp_path / "run", named=overrides)
-    assert result.metrics["val/loss"] < 4.5  # a fresh model of this size starts near ln(300) = 5.7
+    result = trained_into(tmp_path / "run", *RUN, f"data.path={small_text}", f"init_from={transformers_folder}")
+    assert result["metrics"]["val/loss"] < 4.5  # a fresh model of this size starts near ln(300) = 5.7
 
     tuned = load_checkpoint(tmp_path / "run")
     assert tuned.model.config == tiny_gpt.config  # the folder's shape, not the nano preset
@@ -48,7 +52,7 @@ def test_fine_tuning_from_a_folder_saved_by_transformers(transformers_folder, ti
     assert not torch.equal(start, end) and (start - end).abs().max() < 0.05  # trained, from those weights
 
     exported = tmp_path / "hf"
-    assert run_script("export.py", "--ckpt", str(tmp_path / "run"), "--out", str(exported)).returncode == 0
+    assert export.main(["--ckpt", str(tmp_path / "run"), "--out", str(exported)]) == 0
     card = (exported / "README.md").read_text(encoding="utf-8")
     assert (
         f"Fine-tuned with tinygpt2 from {transformers_folder.name} on {small_text.name}" in card
@@ -58,7 +62,7 @@ def test_fine_tuning_from_a_folder_saved_by_transformers(transformers_folder, ti
 
 def test_fine_tuning_from_a_checkpoint_with_a_shorter_context(tiny_run, tiny_gpt, small_text, tmp_path):
     overrides = [*RUN, f"data.path={small_text}", f"init_from={tiny_run}", "model.block_size=16", "model.dropout=0.1"]
-    train(compose_config(*overrides), tmp_path / "run", named=overrides)
+    trained_into(tmp_path / "run", *overrides)
     tuned = load_checkpoint(tmp_path / "run")
     assert tuned.model.config.block_size == 16 and tuned.model.config.dropout == 0.1
     assert tuned.model.config.n_head == tiny_gpt.config.n_head
@@ -86,7 +90,6 @@ def test_which_model_settings_the_command_line_names():
     assert model_keys_in(["init_from=/models/model.ckpt"], model) == set()
 
 
-@pytest.mark.slow
 def test_train_py_refuses_a_contradicting_override_in_one_line(transformers_folder, small_text, tmp_path):
     args = [
         *RUN,
@@ -95,11 +98,8 @@ def test_train_py_refuses_a_contradicting_override_in_one_line(transformers_fold
         "model.n_head=2",
         f"hydra.run.dir={tmp_path / 'r'}",
     ]
-    proc = run_script("train.py", *args)
-    assert proc.returncode != 0 and "Traceback" not in proc.stderr
-    last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("error: model.n_head=2 contradicts init_from=") and "whose n_head is 4" in last
-    assert not (tmp_path / "r" / "checkpoints").exists()
+    line = refused(*args)  # (and the run folder made for it taken back)
+    assert line.startswith("model.n_head=2 contradicts init_from=") and "whose n_head is 4" in line
 
 
 def test_a_fine_tune_whose_context_differs_from_the_preset_resolves_its_batch_with_that_context(
@@ -109,16 +109,16 @@ def test_a_fine_tune_whose_context_differs_from_the_preset_resolves_its_batch_wi
     continued: 8 sequences of the checkpoint's 64 tokens, where the nano preset has 32."""
     import yaml
 
-    from shell.launch import check_command_line
-
     wide = write_checkpoint(
         tmp_path / "wide.ckpt", train_tiny_gpt(tiny_tokenizer, tiny_text, steps=1, block_size=64), tiny_tokenizer
     )
-    overrides = [*RUN, f"data.path={small_text}", f"init_from={wide}", "checkpoint.every_n_steps=2"]
-    train(compose_config(*overrides), tmp_path / "run", named=overrides)
-    saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    run = tmp_path / "run"
+    trained_into(run, *RUN, f"data.path={small_text}", f"init_from={wide}", "checkpoint.every_n_steps=2")
+    saved = yaml.safe_load((run / "config.yaml").read_text())
     assert saved["model"]["block_size"] == 64 and saved["tokens_per_step"] == 8 * 64
-    assert check_command_line([f"resume={tmp_path / 'run'}", "trainer.max_steps=8"]) is None
+    continued = train_here(f"resume={run}", "trainer.max_steps=8")
+    assert continued.returncode == 0, continued.stderr[-2000:]
+    assert json.loads((run / "result.json").read_text())["step"] == 8
 
 
 def test_tokenizer_settings_that_contradict_the_checkpoint_are_refused(tiny_run, tmp_path):
@@ -141,16 +141,11 @@ def test_tokenizer_settings_that_contradict_the_checkpoint_are_refused(tiny_run,
         kept_tokenizer({"kind": "pretrained", "path": str(other)}, start, ["tokenizer.path"])
 
 
-@pytest.mark.slow
-def test_train_py_refuses_a_tokenizer_override_with_init_from_in_one_line(tiny_run, small_text, tmp_path):
-    proc = run_script("train.py", *RUN, f"data.path={small_text}", f"init_from={tiny_run}", "tokenizer=char")
-    assert proc.returncode != 0 and "Traceback" not in proc.stderr
-    last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("error: tokenizer.kind=char cannot apply with init_from=") and "leave the tokenizer" in last
-    assert not (tmp_path / "outputs").exists() or not any((tmp_path / "outputs").rglob("config.yaml"))
+def test_train_py_refuses_a_tokenizer_override_with_init_from_in_one_line(tiny_run, small_text):
+    line = refused(*RUN, f"data.path={small_text}", f"init_from={tiny_run}", "tokenizer=char")
+    assert line.startswith("tokenizer.kind=char cannot apply with init_from=") and "leave the tokenizer" in line
 
 
-@pytest.mark.slow
 def test_train_py_refuses_a_folder_whose_weights_do_not_fit_its_config_json_before_any_run_folder(
     transformers_folder, small_text, tmp_path
 ):
@@ -161,35 +156,32 @@ def test_train_py_refuses_a_folder_whose_weights_do_not_fit_its_config_json_befo
     shutil.copytree(transformers_folder, folder)
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, "n_positions": 64, "n_ctx": 64}))
-    proc = run_script("train.py", *RUN, f"data.path={small_text}", f"init_from='{folder}'", cwd=tmp_path)
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr
-    assert proc.stderr.strip().splitlines()[-1] == (
-        f"error: weights in {folder} do not fit the model it describes: size mismatch for "
+    assert refused(*RUN, f"data.path={small_text}", f"init_from='{folder}'") == (
+        f"weights in {folder} do not fit the model it describes: size mismatch for "
         "transformer.wpe.weight: (32, 32) in the checkpoint, (64, 32) in the model"
-    )
-    assert not (tmp_path / "outputs").exists()
+    )  # (and no run folder)
 
 
-def test_train_py_init_from_a_hub_name_says_where_its_weights_are_or_how_to_get_them(transformers_folder, tmp_path):
+def test_train_py_init_from_a_hub_name_says_where_its_weights_are_or_how_to_get_them(
+    transformers_folder, tmp_path, monkeypatch
+):
     """init_from downloads nothing: `gpt2` with an empty Hugging Face cache says it was never downloaded
     and how to get it; with a copy in the cache (as transformers keeps one), names that folder."""
-    hf_home = tmp_path / "hf_home"
-    env = {**os.environ, "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1"}
-    proc = run_script("train.py", *RUN, "init_from=gpt2", cwd=tmp_path, env=env)
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr
-    last = proc.stderr.strip().splitlines()[-1]
-    assert "If gpt2 is a Hugging Face Hub model: init_from reads only local files, and it was never downloaded" in last
-    assert "--local-dir hf/gpt2), then pass init_from=hf/gpt2" in last
-    cached = hf_home / "hub" / "models--gpt2"
+    import huggingface_hub
+
+    hub = tmp_path.parent / f"{tmp_path.name}-hf_home" / "hub"  # (the cache this process's Hugging Face reads)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(hub))
+    line = refused(*RUN, "init_from=gpt2")
+    assert "If gpt2 is a Hugging Face Hub model: init_from reads only local files, and it was never downloaded" in line
+    assert "--local-dir hf/gpt2), then pass init_from=hf/gpt2" in line
+    cached = hub / "models--gpt2"
     shutil.copytree(transformers_folder, cached / "snapshots" / "0123abc")
     (cached / "refs").mkdir()
     (cached / "refs" / "main").write_text("0123abc")
-    proc = run_script("train.py", *RUN, "init_from=gpt2", cwd=tmp_path, env=env)
-    assert proc.stderr.strip().splitlines()[-1] == (
-        "error: init_from=gpt2 does not exist here, but the Hugging Face cache holds a copy of gpt2: "
+    assert refused(*RUN, "init_from=gpt2") == (
+        "init_from=gpt2 does not exist here, but the Hugging Face cache holds a copy of gpt2: "
         f"pass init_from={cached / 'snapshots' / '0123abc'}"
-    )
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf_home"]  # no run folder
+    )  # (and no run folder)
 
 
 def test_weights_that_are_not_finite_are_refused_before_a_run_trains_on_them(transformers_folder, tmp_path):
@@ -202,7 +194,6 @@ def test_weights_that_are_not_finite_are_refused_before_a_run_trains_on_them(tra
         started_from(f"init_from={folder}")
 
 
-@pytest.mark.slow
 def test_a_tokenizer_without_end_of_text_trains_without_the_samples_it_cannot_start(
     transformers_folder, small_text, tmp_path
 ):
@@ -213,11 +204,9 @@ def test_a_tokenizer_without_end_of_text_trains_without_the_samples_it_cannot_st
     shutil.copytree(transformers_folder, folder)
     tokenizer = (folder / "tokenizer.json").read_text()
     (folder / "tokenizer.json").write_text(tokenizer.replace('"<|endoftext|>"', '"<|end|>"'))
-    proc = run_script(
-        "train.py", *RUN[:-1], "data=text", f"data.path={small_text}", f"init_from={folder}", cwd=tmp_path
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    said = [line for line in (proc.stdout + proc.stderr).splitlines() if "no text samples in this run" in line]
+    ran = train_here(*RUN[:-1], "data=text", f"data.path={small_text}", f"init_from={folder}")
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    said = [line for line in (ran.stdout + ran.stderr).splitlines() if "no text samples in this run" in line]
     assert len(said) == 1 and said[0].endswith(
         "no text samples in this run: its tokenizer has no <|endoftext|> to start them from; give prompts to "
         "start them from (samples.prompts='[ROMEO:]')"

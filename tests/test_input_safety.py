@@ -13,25 +13,24 @@ import transformers
 from omegaconf import OmegaConf
 from tokenizers import Tokenizer, decoders, normalizers
 
+import export
+import generate
 from data import DataError
 from data.datamodule import TextDataModule
 from data.tokenizer import train_bpe
-from tests.common import TINY_OVERRIDES, data_config, one_error_line, run_script
+from tests.common import TINY_OVERRIDES, data_config, one_error_line, refused, train_here
 
 OPENING = "First Citizen:\nBefore we proceed any further, hear me speak.\n\n"
 # the tiny run, its BPE and a private token cache; the tokenizer settings are the test's own
 RUN = [o for o in TINY_OVERRIDES if not o.startswith("tokenizer.")]
 
 
-def refused(proc) -> str:
-    """The one error line of a command that failed, and nothing else."""
-    assert proc.returncode != 0
-    return one_error_line(proc.stderr)
-
-
-def nothing_made(folder) -> None:
-    """No run folder, and no token cache (nor its folder) under folder."""
-    assert not (folder / "outputs").exists() and not (folder / "cache").exists()
+def program_refused(main, *args: str, capsys) -> str:
+    """generate.py's or export.py's refusal, run in this process: status 1, its one error line, nothing on stdout."""
+    assert main(list(args)) == 1
+    out, err = capsys.readouterr()
+    assert out == ""
+    return one_error_line(err)
 
 
 # ---- 1. a text whose bytes turn into NULs past its first 8,000 --------------------------------------------
@@ -49,12 +48,10 @@ def test_train_py_refuses_a_text_file_that_turns_into_nul_bytes(tmp_path, small_
     text = small_text.read_bytes()[:8000].decode(errors="ignore")
     data = text_then_nuls(tmp_path / "disk.txt", text, 200_000)
     at = len(text.encode())
-    proc = run_script("train.py", *RUN, f"data.path={data}", f"data.cache_dir={tmp_path / 'cache'}", cwd=tmp_path)
-    assert refused(proc) == (
-        f"error: {data} holds a NUL byte at byte {at}, so it is not text from there on; keep the text before it "
+    assert refused(*RUN, f"data.path={data}", f"data.cache_dir={tmp_path / 'cache'}") == (
+        f"{data} holds a NUL byte at byte {at}, so it is not text from there on; keep the text before it "
         f"(head -c {at} {data} > {tmp_path / 'disk-text.txt'}) or leave the file out"
-    )
-    nothing_made(tmp_path)
+    )  # (and nothing made: no run folder, no token cache)
 
 
 def test_a_nul_byte_blocks_into_a_file_is_placed_exactly(tmp_path):
@@ -105,38 +102,26 @@ def lowercasing(text: str) -> Tokenizer:
 def test_train_py_refuses_a_tokenizer_whose_normalizer_rewrites_the_text(tmp_path, opening_text):
     """Its tokens decode to a lowercased text: the model would learn that, and val/bpc measure it."""
     path = saved(lowercasing(opening_text.read_text()), tmp_path / "uncased.json")
-    proc = run_script(
-        "train.py",
-        *RUN,
-        f"data.path={opening_text}",
-        f"data.cache_dir={tmp_path / 'cache'}",
-        "tokenizer=pretrained",
-        f"tokenizer.path={path}",
-        cwd=tmp_path,
-    )
-    assert refused(proc) == (
-        f"error: tokenizer.path {path}: its normalizer (Lowercase) rewrites the text ('First Citizen:' becomes "
+    args = [*RUN, f"data.path={opening_text}", f"data.cache_dir={tmp_path / 'cache'}", "tokenizer=pretrained"]
+    assert refused(*args, f"tokenizer.path={path}") == (
+        f"tokenizer.path {path}: its normalizer (Lowercase) rewrites the text ('First Citizen:' becomes "
         "'first citizen:'), so the model would learn, and val/bpc measure, that text rather than yours; use a "
         "tokenizer that keeps the text (tokenizer=bpe does), or set tokenizer.allow_normalized=true to train on "
         "it as rewritten"
-    )
-    nothing_made(tmp_path)
+    )  # (and nothing made: no run folder, no token cache)
 
 
-@pytest.mark.slow
 def test_with_allow_normalized_it_trains_warning_once_and_labels_val_bpc(tmp_path, opening_text):
     path = saved(lowercasing(opening_text.read_text()), tmp_path / "uncased.json")
-    proc = run_script(
-        "train.py",
+    ran = train_here(
         *RUN,
         f"data.path={opening_text}",
         "tokenizer=pretrained",
         f"tokenizer.path={path}",
         "tokenizer.allow_normalized=true",
-        cwd=tmp_path,
     )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    said = (proc.stdout + proc.stderr).splitlines()
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    said = (ran.stdout + ran.stderr).splitlines()
     warned = [line for line in said if "rewrites the text" in line]
     assert len(warned) == 1 and "[WARNING]" in warned[0]
     assert warned[0].endswith(
@@ -187,22 +172,21 @@ def copy_with_index(sharded, folder, point_at: str):
     return folder
 
 
-def test_generate_py_refuses_an_index_that_names_a_file_outside_the_folder(sharded, tmp_path):
+def test_generate_py_refuses_an_index_that_names_a_file_outside_the_folder(sharded, tmp_path, capsys):
     folder = copy_with_index(sharded, tmp_path / "model", "../../../../etc/passwd")
-    proc = run_script("generate.py", "--ckpt", str(folder), "--max-new-tokens", "4", cwd=tmp_path)
-    assert refused(proc) == (
+    assert program_refused(generate.main, "--ckpt", str(folder), "--max-new-tokens", "4", capsys=capsys) == (
         f"error: the shard index {folder / 'model.safetensors.index.json'} names '../../../../etc/passwd', a file "
         f"outside {folder}; a model's weights are read only from its own folder: name each shard by its file name "
         "in the folder"
     )
 
 
-def test_export_py_refuses_an_index_that_names_another_models_weights(sharded, transformers_folder, tmp_path):
+def test_export_py_refuses_an_index_that_names_another_models_weights(sharded, transformers_folder, tmp_path, capsys):
     """Else the export would write, and --push-to-hub upload, another model's weights under this one's name."""
     other = os.path.relpath(transformers_folder / "model.safetensors", tmp_path / "model")
     folder = copy_with_index(sharded, tmp_path / "model", other)
-    proc = run_script("export.py", "--ckpt", str(folder), "--out", str(tmp_path / "out"), cwd=tmp_path)
-    assert refused(proc).startswith(f"error: the shard index {folder / 'model.safetensors.index.json'} names '{other}'")
+    line = program_refused(export.main, "--ckpt", str(folder), "--out", str(tmp_path / "out"), capsys=capsys)
+    assert line.startswith(f"error: the shard index {folder / 'model.safetensors.index.json'} names '{other}'")
     assert not (tmp_path / "out").exists()
 
 
@@ -212,14 +196,12 @@ def test_train_py_init_from_refuses_weights_that_are_a_link_out_of_the_folder(tr
     for file in ("config.json", "tokenizer.json"):
         shutil.copy(transformers_folder / file, folder)
     (folder / "model.safetensors").symlink_to(transformers_folder / "model.safetensors")
-    proc = run_script("train.py", *RUN, f"init_from={folder}", f"data.cache_dir={tmp_path / 'cache'}", cwd=tmp_path)
     target = transformers_folder / "model.safetensors"
-    assert refused(proc) == (
-        f"error: {folder / 'model.safetensors'} is a link to {target}, outside {folder}; a model's weights are read "
+    assert refused(*RUN, f"init_from={folder}", f"data.cache_dir={tmp_path / 'cache'}") == (
+        f"{folder / 'model.safetensors'} is a link to {target}, outside {folder}; a model's weights are read "
         f"only from its own folder: put a copy of the file there in place of the link (cp --remove-destination "
         f"{target} {folder / 'model.safetensors'})"
-    )
-    nothing_made(tmp_path)
+    )  # (and nothing made: no run folder, no token cache)
 
 
 def hub_cache_copy(transformers_folder, hub, repo: str, blob_repo: str | None = None):
@@ -236,12 +218,11 @@ def hub_cache_copy(transformers_folder, hub, repo: str, blob_repo: str | None = 
     return snapshot
 
 
-@pytest.mark.slow
-def test_a_hugging_face_cache_snapshot_reads_its_own_blobs_and_no_others(transformers_folder, tmp_path):
+def test_a_hugging_face_cache_snapshot_reads_its_own_blobs_and_no_others(transformers_folder, tmp_path, capsys):
     hub = tmp_path / "hub"
     snapshot = hub_cache_copy(transformers_folder, hub, "models--org--tiny")
-    proc = run_script("generate.py", "--ckpt", str(snapshot), "--max-new-tokens", "4", "--prompt", "KING", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert generate.main(["--ckpt", str(snapshot), "--max-new-tokens", "4", "--prompt", "KING"]) == 0
+    assert capsys.readouterr().out.startswith("KING")
     borrowed = hub_cache_copy(transformers_folder, hub, "models--org--borrowed", blob_repo="models--other--secret")
-    proc = run_script("generate.py", "--ckpt", str(borrowed), "--max-new-tokens", "4", cwd=tmp_path)
-    assert f"{borrowed / 'model.safetensors'} is a link to {hub / 'models--other--secret' / 'blobs'}" in refused(proc)
+    line = program_refused(generate.main, "--ckpt", str(borrowed), "--max-new-tokens", "4", capsys=capsys)
+    assert f"{borrowed / 'model.safetensors'} is a link to {hub / 'models--other--secret' / 'blobs'}" in line

@@ -4,18 +4,17 @@ on a checkpoint (old or new), and an offline wandb run that keeps all it needs i
 from __future__ import annotations
 
 import math
-import os
 import random
 from pathlib import Path
 
 import pytest
 import torch
+import wandb
 
 from checkpoint import META_KEY, load_checkpoint
 from model import GPT, GPTConfig
-from shell.run import train
-from shell.run_folder import RunFolder
-from tests.common import TINY_OVERRIDES, compose_config, run_script
+from shell.folders import RunFolder
+from tests.common import TINY_OVERRIDES, train_here
 from tests.tiny import tiny_config
 from training.module import GPTModule
 
@@ -34,7 +33,8 @@ OPTIM = {
 def trained(tmp_path_factory, small_text) -> Path:
     """The newest checkpoint of a tiny real run."""
     run = tmp_path_factory.mktemp("trained") / "run"
-    train(compose_config(*TINY_OVERRIDES, f"data.path={small_text}"), run)
+    ran = train_here(*TINY_OVERRIDES, f"data.path={small_text}", f"hydra.run.dir={run}", cwd=run.parent)
+    assert ran.returncode == 0, ran.stderr[-3000:]
     return RunFolder(run).last
 
 
@@ -92,28 +92,27 @@ def test_the_model_config_may_be_a_dict_or_a_gptconfig():
     )
 
 
-@pytest.mark.slow
-def test_offline_wandb_stages_the_samples_tables_inside_the_run_folder(small_text, tmp_path):
+def test_offline_wandb_stages_the_samples_tables_inside_the_run_folder(small_text, tmp_path, monkeypatch):
     home = tmp_path / "home"
-    env = {**os.environ, "HOME": str(home), "WANDB_MODE": "offline"}
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("WANDB_MODE", "offline")
     for variable in ("WANDB_DATA_DIR", "XDG_DATA_HOME"):  # wandb's default: ~/.local/share/wandb
-        env.pop(variable, None)
+        monkeypatch.delenv(variable, raising=False)
     run = tmp_path / "run"
-    proc = run_script(
-        "train.py",
+    ran = train_here(
         *TINY_OVERRIDES,
         f"data.path={small_text}",
         "logger=wandb",
         "samples.enabled=true",
         "samples.max_new_tokens=4",
         f"hydra.run.dir={run}",
-        env=env,
     )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    staged = list((RunFolder(run).wandb_data / "artifacts" / "staging").iterdir())
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    wandb.teardown()  # wandb's service done writing and ended, as it is once the process that started it ends
+    staging = run / "wandb" / "data" / "artifacts" / "staging"
+    staged = list(staging.iterdir())
     assert any(b'"_type": "table"' in p.read_bytes() for p in staged if p.is_file())
     assert not (home / ".local" / "share" / "wandb").exists()
     (records,) = run.glob("wandb/offline-run-*/run-*.wandb")
     recorded = records.read_bytes()  # what `wandb sync` reads: the staged files by their full paths
-    in_run = str(RunFolder(run).wandb_data / "artifacts" / "staging").encode()
-    assert recorded.count(b"/artifacts/staging/") == recorded.count(in_run + b"/") > 0
+    assert recorded.count(b"/artifacts/staging/") == recorded.count(str(staging).encode() + b"/") > 0

@@ -11,7 +11,7 @@ import torch
 
 from model import GPT, GPTConfig
 from shell.memory import check_fits, free_memory, parameter_count, step_memory, tight_fit
-from tests.common import TINY_OVERRIDES, one_error_line, run_script
+from tests.common import TINY_OVERRIDES, refused
 
 
 def saved_for_backward(model: GPT, batch: int) -> tuple[int, int]:
@@ -100,22 +100,16 @@ def test_what_does_not_fit_is_said_with_its_parts_and_the_way_out():
     assert check_fits(big, 1, "32-true", "adamw", 1, 8 * 2**30).endswith("; choose a smaller model")
 
 
-@pytest.mark.slow
 def test_train_py_refuses_a_batch_this_machine_cannot_hold_in_one_line_and_makes_nothing(small_text, tmp_path):
     """Rather than being killed part way into its first step with no word of why, and leaving a run
     folder: a micro-batch far beyond the machine's memory is refused before the run is made."""
     free = free_memory()
     if free is None:
         pytest.skip("this system does not say how much memory is free")
-    env = {**os.environ, "TINYGPT2_CACHE": str(tmp_path / "cache")}
     batch = 4 * free // (4 * 32 * (2 * 14 * 32 + 3 * 300)) + 1  # four times what fits, in the tiny model
-    proc = run_script(
-        "train.py", *TINY_OVERRIDES, f"data.path={small_text}", f"data.batch_size={batch}", cwd=tmp_path, env=env
-    )
-    assert proc.returncode == 1
-    line = one_error_line(proc.stderr)
-    assert line.startswith(f"error: a training step of this model at data.batch_size={batch} needs at least ")
-    assert sorted(p.name for p in tmp_path.iterdir()) == []  # no run folder, no cache entry
+    args = [*TINY_OVERRIDES, f"data.path={small_text}", f"data.batch_size={batch}"]
+    line = refused(*args, env={"TINYGPT2_CACHE": str(tmp_path / "cache")})  # (no run folder, no cache entry)
+    assert line.startswith(f"a training step of this model at data.batch_size={batch} needs at least ")
 
 
 def test_many_processes_are_counted_with_what_each_holds_before_its_model():

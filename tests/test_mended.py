@@ -66,7 +66,7 @@ def test_a_full_disk_before_the_first_checkpoint_takes_the_folder_back_and_its_c
     assert (folder / "checkpoints" / "last.ckpt").is_file()
 
 
-class Payload:
+class CodeInPickle:
     def __init__(self, path):
         self.path = str(path)
 
@@ -83,7 +83,7 @@ def test_a_run_whose_every_checkpoint_is_unsafe_is_refused_for_that_not_passed_o
     states = [torch.load(path, weights_only=True) for path in files]  # (last.ckpt may share a file)
     for path, state in zip(files, states, strict=True):
         path.unlink()
-        torch.save({**state, "extra": Payload(marker)}, path)
+        torch.save({**state, "extra": CodeInPickle(marker)}, path)
 
     ran = train_here(f"resume={run}", "trainer.max_steps=8")
     assert ran.returncode == 1

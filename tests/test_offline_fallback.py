@@ -5,20 +5,23 @@ from __future__ import annotations
 
 import pytest
 import yaml
-from omegaconf import OmegaConf
 
-from shell.settings import FALLBACK_PASSES, FALLBACK_PASSES_BPE_DROPOUT, resolve
-from tests.common import NO_DOWNLOAD, TINY_MODEL_OVERRIDES, compose_config, only_run, run_script
+from shell.checks import plain
+from shell.settings import FALLBACK_PASSES, FALLBACK_PASSES_BPE_DROPOUT, settle_new
+from tests.common import NO_DOWNLOAD, ROOT, TINY_MODEL_OVERRIDES, compose_config, only_run, train_here
 
 OFFLINE = ["data.local_copies=[]", f"data.url={NO_DOWNLOAD}"]  # as on a machine with neither
 # a global batch large enough that the corpus is a few hundred steps, as with the default model
-BATCH = ["data.batch_size=64", "model.block_size=64", "logger=csv", "latest_link=null"]
+BATCH = ["data.batch_size=64", "model.block_size=64", "logger=csv", "latest_link=null", "trainer.precision=32-true"]
 
 
 def resolved(*overrides: str, named=(), data=OFFLINE):
-    values = OmegaConf.to_container(compose_config(*TINY_MODEL_OVERRIDES, *data, *BATCH, *overrides), resolve=True)
-    values.pop("hydra", None)
-    settings, _ = resolve(values, named)
+    """The settings a new run settles for these overrides (the data prepared), as train.py settles them."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        cfg = compose("train", [*TINY_MODEL_OVERRIDES, *data, *BATCH, *overrides], return_hydra_config=True)
+    settings, _ = settle_new(plain(cfg), list(named), dict(cfg.hydra.runtime.choices))
     return settings
 
 
@@ -55,9 +58,9 @@ def test_a_chosen_corpus_is_never_cut(caplog):
 
 @pytest.mark.slow
 def test_the_default_command_offline_says_what_it_trained_on_at_start_and_end(tmp_path):
-    proc = run_script("train.py", *TINY_MODEL_OVERRIDES, *OFFLINE, *BATCH, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    lines = (proc.stdout + proc.stderr).splitlines()
+    ran = train_here(*TINY_MODEL_OVERRIDES, *OFFLINE, *BATCH)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    lines = (ran.stdout + ran.stderr).splitlines()
     [start] = [line for line in lines if "training on the offline pydoc corpus" in line]
     [end] = [line for line in lines if "this model learned the offline pydoc corpus" in line]
     [suggestion] = [line for line in lines if "sample from it:" in line]

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import pytest
 
+import explain
+import generate
 from checkpoint import PREPARED, trained_offline
 from data.sources import OFFLINE_LABEL, PYDOC_LABEL
 from shell.programs import OFFLINE_NOTE
-from tests.common import NO_DOWNLOAD, TINY_OVERRIDES, only_run, run_script
+from tests.common import NO_DOWNLOAD, TINY_OVERRIDES, only_run, train_here
 
 OFFLINE = ["data.local_copies=[]", f"data.url={NO_DOWNLOAD}"]  # no copy, no network
 QUICK = [*TINY_OVERRIDES, "trainer.max_steps=3", "tokenizer.dropout=0"]
@@ -41,33 +43,32 @@ def notes(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith("note:")]
 
 
-@pytest.mark.slow
-def test_a_model_trained_offline_says_so_where_it_writes(tmp_path):
-    trained = run_script("train.py", *QUICK, *OFFLINE, cwd=tmp_path)
+def run_trained(tmp_path, *overrides: str):
+    """A run of `python train.py OVERRIDES` (in this process): its folder."""
+    trained = train_here(*overrides)
     assert trained.returncode == 0, trained.stderr[-2000:]
-    run = only_run(tmp_path / "outputs")
+    return only_run(tmp_path / "outputs")
 
-    generated = run_script("generate.py", "--ckpt", str(run), "--prompt", "The", "--max-new-tokens", "8", cwd=tmp_path)
-    assert generated.returncode == 0, generated.stderr[-2000:]
-    assert notes(generated.stderr) == [OFFLINE_NOTE] and "note:" not in generated.stdout
+
+def test_a_model_trained_offline_says_so_where_it_writes(tmp_path, capsys):
+    run = run_trained(tmp_path, *QUICK, *OFFLINE)
+
+    assert generate.main(["--ckpt", str(run), "--prompt", "The", "--max-new-tokens", "8"]) == 0
+    out, err = capsys.readouterr()
+    assert notes(err) == [OFFLINE_NOTE] and "note:" not in out
     assert "data.path=" in OFFLINE_NOTE and "not Tiny Shakespeare" in OFFLINE_NOTE
 
-    explained = run_script("explain.py", "--ckpt", str(run), "--prompt", "The", cwd=tmp_path)
-    assert explained.returncode == 0, explained.stderr[-2000:]
-    assert notes(explained.stderr) == [OFFLINE_NOTE] and "note:" not in explained.stdout
+    assert explain.main(["--ckpt", str(run), "--prompt", "The"]) == 0
+    out, err = capsys.readouterr()
+    assert notes(err) == [OFFLINE_NOTE] and "note:" not in out
 
     # a refused prompt (a byte that is not UTF-8) is said alone, in its one error line
-    refused = run_script("generate.py", "--ckpt", str(run), "--prompt", "a\udcff", cwd=tmp_path)
-    assert refused.returncode == 1
-    [said] = refused.stderr.strip().splitlines()
+    assert generate.main(["--ckpt", str(run), "--prompt", "a\udcff"]) == 1
+    [said] = capsys.readouterr().err.strip().splitlines()
     assert said.startswith("error: the prompt is not valid UTF-8")
 
 
-@pytest.mark.slow
-def test_a_model_trained_on_the_text_given_says_nothing_of_it(tmp_path, small_text):
-    trained = run_script("train.py", *QUICK, *OFFLINE, f"data.path={small_text}", cwd=tmp_path)
-    assert trained.returncode == 0, trained.stderr[-2000:]
-    run = only_run(tmp_path / "outputs")
-    generated = run_script("generate.py", "--ckpt", str(run), "--prompt", "The", "--max-new-tokens", "8", cwd=tmp_path)
-    assert generated.returncode == 0, generated.stderr[-2000:]
-    assert notes(generated.stderr) == []
+def test_a_model_trained_on_the_text_given_says_nothing_of_it(tmp_path, small_text, capsys):
+    run = run_trained(tmp_path, *QUICK, *OFFLINE, f"data.path={small_text}")
+    assert generate.main(["--ckpt", str(run), "--prompt", "The", "--max-new-tokens", "8"]) == 0
+    assert notes(capsys.readouterr().err) == []

@@ -5,36 +5,32 @@ redrawn with carriage returns; on a terminal, the bar as before (tests/test_prog
 from __future__ import annotations
 
 import io
+import logging
 import os
 import pty
 import re
-import subprocess
-from pathlib import Path
+import sys
 
-import pytest
-
-from shell.progress import LINE_SECONDS, ProgressBar, ProgressLines, duration, progress_callback
-from shell.run import train
-from tests.common import TINY_OVERRIDES, compose_config, run_in_terminal, script_command, script_environment
+from shell.progress import LINE_SECONDS, ProgressLines, StepsBar, duration, progress_callback
+from tests.common import TINY_OVERRIDES, inject_faults, train_here
 
 # "step 120/1814 | loss 2.410 | 11,200 tok/s | 2m31s left" and "step 500/1814 | val_loss 2.350 | val_bpc 3.390"
 TRAINING_LINE = re.compile(r"^step (\d+)/(\d+) \| loss \d+\.\d{3} \| [\d,]+ tok/s \| (\S+ left|took \S+)$")
 VALIDATION_LINE = re.compile(r"^step (\d+)/(\d+) \| val_loss \d+\.\d{3} \| val_bpc \d+\.\d{3}$")
 
 
-def run_to_log(args: list[str], cwd: Path, failpoint: str | None = None) -> tuple[int, str]:
-    """`python train.py ARGS > log.txt 2>&1`: its exit status and the log as written (carriage returns kept)."""
-    log = cwd / "log.txt"
-    with open(log, "w") as out:
-        proc = subprocess.run(
-            script_command(("train.py", *args), cwd),
-            cwd=cwd,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=script_environment(None, failpoint),
-            timeout=600,
-        )
-    return proc.returncode, log.read_bytes().decode("utf-8", errors="replace")
+class ToStandardOutput(logging.StreamHandler):
+    """A handler that writes to sys.stdout as it is at each record: Lightning's own lines (its logger keeps a
+    handler of its own, on the stdout it found when imported) in what train_here captures, in their order among
+    the run's lines, as they are in a log file of `python train.py > log.txt 2>&1`."""
+
+    @property
+    def stream(self):
+        return sys.stdout
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
 
 
 def plain(line: str) -> str:
@@ -46,7 +42,7 @@ def test_the_bar_goes_to_a_terminal_and_plain_lines_anywhere_else(tmp_path):
     main, child = pty.openpty()
     reading, writing = os.pipe()
     with os.fdopen(child, "w") as terminal, os.fdopen(writing, "w") as pipe, open(tmp_path / "log.txt", "w") as log:
-        assert isinstance(progress_callback(1, terminal), ProgressBar)
+        assert isinstance(progress_callback(1, terminal), StepsBar)
         assert isinstance(progress_callback(1, log), ProgressLines)
         assert isinstance(progress_callback(1, pipe), ProgressLines)
         assert isinstance(progress_callback(1, io.StringIO()), ProgressLines)
@@ -60,8 +56,7 @@ def test_times_are_said_in_their_largest_units():
     ]  # fmt: skip
 
 
-@pytest.mark.slow
-def test_lines_come_at_most_every_interval_besides_each_validation_and_the_last_step(small_text, tmp_path, monkeypatch):
+def test_lines_come_at_most_every_interval_besides_each_validation_and_the_last_step(small_text, monkeypatch):
     # a real run, on a clock of its own where each step takes 4 s: a line every 8 steps, counted from
     # the last line written, which a validation's line is too
     assert LINE_SECONDS == 30
@@ -69,7 +64,8 @@ def test_lines_come_at_most_every_interval_besides_each_validation_and_the_last_
     lines = ProgressLines(clock=lambda: lines.trainer.global_step * 4.0, out=out)
     monkeypatch.setattr("shell.run.progress_callback", lambda accumulation: lines)
     args = ["trainer.enable_progress_bar=true", "trainer.max_steps=30", "trainer.val_check_interval=10"]
-    train(compose_config(*TINY_OVERRIDES, f"data.path={small_text}", *args), tmp_path / "run")
+    ran = train_here(*TINY_OVERRIDES, f"data.path={small_text}", *args)
+    assert ran.returncode == 0, ran.stderr[-3000:]
     written = out.getvalue().splitlines()
     assert all(TRAINING_LINE.match(line) or VALIDATION_LINE.match(line) for line in written), written
     assert [plain(line) for line in written] == [
@@ -83,12 +79,15 @@ def test_lines_come_at_most_every_interval_besides_each_validation_and_the_last_
     ]
 
 
-@pytest.mark.slow
-def test_a_run_writing_to_a_log_file_writes_plain_lines_and_no_bar(small_text, tmp_path):
+def test_a_run_writing_to_a_log_file_writes_plain_lines_and_no_bar(small_text, monkeypatch):
+    """train.py's standard output not a terminal (train_here's is not): what a log file of the run holds."""
+    lightning = logging.getLogger("lightning.pytorch")
+    monkeypatch.setattr(lightning, "handlers", [*lightning.handlers, ToStandardOutput()])
     args = [*TINY_OVERRIDES, f"data.path={small_text}", "trainer.enable_progress_bar=true", "trainer.max_steps=80"]
     args += ["trainer.val_check_interval=20", "trainer.limit_val_batches=10", "trainer.log_every_n_steps=10"]
-    status, output = run_to_log(args, tmp_path)
-    assert status == 0, output[-3000:]
+    ran = train_here(*args)
+    output = ran.stdout + ran.stderr
+    assert ran.returncode == 0, output[-3000:]
     assert "\r" not in output and "\x1b[" not in output, output[-3000:]  # no redraws, no cursor moves
     assert "training:" not in output and "Validation" not in output  # neither Lightning's bars nor ours
     assert "logging interval" not in output  # Lightning's advice to log more often, which the run does not need
@@ -103,21 +102,12 @@ def test_a_run_writing_to_a_log_file_writes_plain_lines_and_no_bar(small_text, t
     assert lines.index(last) < lines.index("`Trainer.fit` stopped: `max_steps=80` reached.")
 
 
-@pytest.mark.slow
-def test_a_run_stopped_early_ends_its_log_with_the_step_it_stopped_at(small_text, tmp_path):
+def test_a_run_stopped_early_ends_its_log_with_the_step_it_stopped_at(small_text, monkeypatch):
+    inject_faults(monkeypatch, "sigint:5")  # Ctrl-C as step 5 begins, sent to this process
     args = [*TINY_OVERRIDES, f"data.path={small_text}", "trainer.enable_progress_bar=true", "trainer.max_steps=30"]
-    status, output = run_to_log(args, tmp_path, failpoint="sigint:5")
-    assert status == 130, output[-3000:]  # stopped, with its checkpoint
-    progress = [line for line in output.splitlines() if line.startswith("step ")]
+    ran = train_here(*args)
+    assert ran.returncode == 130, ran.stderr[-3000:]  # stopped, with its checkpoint
+    progress = [line for line in ran.stdout.splitlines() if line.startswith("step ")]
     assert VALIDATION_LINE.match(progress[0]) and progress[0].startswith("step 3/30 ")
     assert TRAINING_LINE.match(progress[-1]) and progress[-1].startswith("step 5/30 "), progress
     assert progress[-1].endswith(" left")  # 25 steps were left
-
-
-@pytest.mark.slow
-def test_on_a_terminal_the_bar_is_drawn_and_no_plain_lines(small_text, tmp_path):
-    args = [*TINY_OVERRIDES, f"data.path={small_text}", "trainer.enable_progress_bar=true"]
-    status, output = run_in_terminal("train.py", *args, cwd=tmp_path)
-    assert status == 0, output[-3000:]
-    assert re.search(r"\rtraining: +100%\|", output), output[-3000:]  # drawn over itself
-    assert not re.search(r"^step \d+/\d+ \|", output, re.MULTILINE)

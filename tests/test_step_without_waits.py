@@ -4,19 +4,19 @@ on a CPU, where a read-back is what would be a wait on a GPU."""
 
 from __future__ import annotations
 
-import logging
+import functools
 from pathlib import Path
 
 import lightning as L
 import pytest
 import torch
-from omegaconf import OmegaConf
+from hydra import compose, initialize_config_dir
 from torch.overrides import TorchFunctionMode
 
-from shell.errors import TrainingDiverged
-from shell.run import train
-from shell.settings import Machine, check, choose_compile
-from tests.common import TINY_OVERRIDES, checkpoint_weights, compose_config, inject_faults
+from shell.checks import plain
+from shell.machine import Machine, choose_compile
+from shell.settings import check
+from tests.common import ROOT, TINY_OVERRIDES, checkpoint_weights, inject_faults, one_error_line, train_here
 
 # Tensor methods that hand a tensor's values to Python: on a GPU, each waits for the device.
 READ_BACKS = {
@@ -44,7 +44,7 @@ class ReadBacks(TorchFunctionMode):
 
 class WatchSteps(L.Callback):
     """The read-backs of each optimizer step, from the start of its batch to the end of the run's own
-    callbacks (extra callbacks run after them)."""
+    callbacks (this one runs after them: `watched`)."""
 
     def __init__(self):
         self.by_step: dict[int, list[str]] = {}
@@ -57,6 +57,22 @@ class WatchSteps(L.Callback):
     def on_train_batch_end(self, trainer, *args) -> None:
         self.watching.__exit__(None, None, None)
         self.by_step[trainer.global_step] = self.watching.seen
+
+
+@pytest.fixture
+def watched(monkeypatch) -> WatchSteps:
+    """A WatchSteps put last among the callbacks of every Trainer made in this test, as tests/faults puts its own."""
+    from lightning.pytorch.trainer.trainer import Trainer
+
+    watch, original = WatchSteps(), Trainer.__init__
+
+    @functools.wraps(original)  # (its signature is what the settings check trainer.* against)
+    def __init__(self, *args, callbacks=None, **kwargs):
+        callbacks = [callbacks] if callbacks is not None and not isinstance(callbacks, list) else callbacks or []
+        original(self, *args, callbacks=[*callbacks, watch], **kwargs)
+
+    monkeypatch.setattr(Trainer, "__init__", __init__)
+    return watch
 
 
 def overrides(small_text, *extra: str) -> list[str]:
@@ -101,21 +117,20 @@ def assert_unchanged(after: Path, before: Path) -> None:
 
 
 def test_only_logging_and_checkpoint_steps_read_values_back_and_skipped_steps_change_nothing(
-    small_text, tmp_path, monkeypatch, caplog
+    small_text, tmp_path, monkeypatch, watched
 ):
     inject_faults(monkeypatch, "nan:5-8")
-    watch = WatchSteps()
     run = tmp_path / "run"
-    with caplog.at_level(logging.WARNING):
-        train(compose_config(*overrides(small_text)), run, extra_callbacks=[watch])
+    ran = train_here(*overrides(small_text), f"hydra.run.dir={run}")
+    assert ran.returncode == 0, ran.stderr[-3000:]
 
-    assert sorted(watch.by_step) == list(range(1, 13))
+    assert sorted(watched.by_step) == list(range(1, 13))
     allowed = {5, 10, 12} | {4, 8, 12}  # logging steps, and steps that save a checkpoint
-    reading = {step for step, seen in watch.by_step.items() if seen}
-    assert reading <= allowed, {step: watch.by_step[step] for step in reading - allowed}
+    reading = {step for step, seen in watched.by_step.items() if seen}
+    assert reading <= allowed, {step: watched.by_step[step] for step in reading - allowed}
     # non-finite steps are found on the device and told of when the counts are next read
-    assert "step 5: the loss or its gradient is not finite; this update is skipped" in caplog.text
-    assert "steps 6-8: 3 of their updates skipped, as the loss or its gradient was not finite" in caplog.text
+    assert "step 5: the loss or its gradient is not finite; this update is skipped" in ran.stdout
+    assert "steps 6-8: 3 of their updates skipped, as the loss or its gradient was not finite" in ran.stdout
     # and skipped there too: steps 5 to 8 left the weights, the moments and the step counts alone
     checkpoints = run / "checkpoints"
     assert_unchanged(checkpoints / "step-000008.ckpt", checkpoints / "step-000004.ckpt")
@@ -131,26 +146,29 @@ def test_only_logging_and_checkpoint_steps_read_values_back_and_skipped_steps_ch
 def test_a_run_of_non_finite_steps_between_two_reads_still_stops_the_run(small_text, tmp_path, monkeypatch):
     # steps 2-4 are not finite and step 5 is again: the run of three is over by the read at step 5
     inject_faults(monkeypatch, "nan:2-4")
-    run = tmp_path / "run"
     settings = overrides(small_text, "optim.max_nonfinite_in_a_row=3", "checkpoint.every_n_steps=100")
-    with pytest.raises(TrainingDiverged, match=r"^training diverged: 3 steps in a row \(up to step 5\)"):
-        train(compose_config(*settings), run)
+    ran = train_here(*settings, f"hydra.run.dir={tmp_path / 'run'}")
+    assert ran.returncode == 1
+    assert one_error_line(ran.stderr).startswith("error: training diverged: 3 steps in a row (up to step 5)")
 
 
 def test_muons_skipped_steps_change_nothing_either(small_text, tmp_path, monkeypatch):
     # Muon takes no device-side flag: its steps are skipped by dropping the gradients
     inject_faults(monkeypatch, "nan:5-8")
     run = tmp_path / "run"
-    train(compose_config(*overrides(small_text, "optim=muon", "trainer.max_steps=8")), run)
+    ran = train_here(*overrides(small_text, "optim=muon", "trainer.max_steps=8"), f"hydra.run.dir={run}")
+    assert ran.returncode == 0, ran.stderr[-3000:]
     assert_unchanged(run / "checkpoints" / "step-000008.ckpt", run / "checkpoints" / "step-000004.ckpt")
 
 
 def test_compile_is_chosen_by_device_unless_named():
-    assert choose_compile(None, "cpu") is False
-    assert choose_compile(True, "cpu") is True and choose_compile(False, "auto") is False
-    assert choose_compile(None, "auto") is choose_compile(None, "auto", Machine.this())
-    gpu = Machine(cuda=True, bf16=True, triton=True)
+    here, gpu = Machine.this(), Machine(cuda=True, bf16=True, triton=True)
+    assert choose_compile(None, "cpu", here) is False
+    assert choose_compile(None, "auto", Machine(cuda=False, bf16=False, triton=True)) is False  # a CPU's run
+    assert choose_compile(True, "cpu", here) is True and choose_compile(False, "auto", gpu) is False
     assert choose_compile(None, "auto", gpu) is True and choose_compile(None, "cpu", gpu) is False
     assert choose_compile(None, "auto", gpu._replace(triton=False)) is False  # nothing to generate kernels with
-    values, _ = check(OmegaConf.to_container(compose_config(*TINY_OVERRIDES, "trainer.accelerator=cpu"), resolve=True))
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        cfg = compose("train", [*TINY_OVERRIDES, "trainer.accelerator=cpu"], return_hydra_config=True)
+    values, _ = check(plain(cfg), dict(cfg.hydra.runtime.choices))  # what a run checks first
     assert values["compile"] is False  # what the run's config.yaml and checkpoints record

@@ -23,19 +23,20 @@ from checkpoint import load_checkpoint, read_loss_history
 from generation.lens import head_scores, induction_targets
 from generation.session import Sampling, Session
 from generation.text import BYTE_LEVEL_ALPHABET
-from tests.common import TINY_OVERRIDES, one_error_line, run_script, start_script
+from tests.common import TINY_OVERRIDES, one_error_line, run_script, start_script, train_here
 from web.requests import Limits
 from web.server import PICTURE_CELLS, make_app, pictures
 
 
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory, small_text):
-    """A run folder of a tiny model trained by train.py, with its samples and loss curve."""
-    folder = tmp_path_factory.mktemp("studio")
-    overrides = [o for o in TINY_OVERRIDES if o != "latest_link=null"]
-    done = run_script("train.py", *overrides, "data=text", f"data.path={small_text}", "trainer.max_steps=9", cwd=folder)
+    """A run folder of a tiny model trained by train.py's command line (in this process), with its samples and
+    loss curve."""
+    run = tmp_path_factory.mktemp("studio") / "run"
+    overrides = [*TINY_OVERRIDES, "data=text", f"data.path={small_text}", "trainer.max_steps=9"]
+    done = train_here(*overrides, f"hydra.run.dir={run}", cwd=run.parent)
     assert done.returncode == 0, done.stderr[-2000:]
-    return next((folder / "outputs").glob("*/*/checkpoints")).parent
+    return run
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from tests.common import TINY_OVERRIDES, run_script, start_script
+from tests.common import TINY_OVERRIDES, start_script, train_here
 from tests.conftest import in_ci
 
 pytestmark = pytest.mark.slow
@@ -40,8 +40,8 @@ def browser():
 def studio(tmp_path_factory, small_text):
     """studio.py on a run trained here; yields its address."""
     folder = tmp_path_factory.mktemp("browser")
-    overrides = [o for o in TINY_OVERRIDES if o != "latest_link=null"]
-    done = run_script("train.py", *overrides, "data=text", f"data.path={small_text}", cwd=folder)
+    overrides = [o for o in TINY_OVERRIDES if o != "latest_link=null"]  # outputs/latest, which studio.py serves
+    done = train_here(*overrides, "data=text", f"data.path={small_text}", cwd=folder)  # (in this process)
     assert done.returncode == 0, done.stderr[-2000:]
     server = start_script("studio.py", "--port", "0", cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:

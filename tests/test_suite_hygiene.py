@@ -73,7 +73,8 @@ def test_without_tiny_shakespeare_the_text_is_the_offline_fallback(full_text):
 
 # A test of each way the suite once wrote into the user's files: train.py's debug preset (outputs/latest
 # in the checkout), a module fixture training before any test's own setup (a token cache entry and
-# the CPU's peak FLOPs in ~/.cache/tinygpt2), and generate.py run from the checkout.
+# the CPU's peak FLOPs in ~/.cache/tinygpt2), and generate.py run from the checkout. (Each runs train.py's
+# and generate.py's command lines in the pytest process now: train_here, generate.main.)
 REPRESENTATIVE = [
     "tests/test_scale.py::test_debug_preset_runs_with_everything_on",
     "tests/test_tracking.py::test_csv_holds_every_metric",

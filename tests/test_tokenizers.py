@@ -14,7 +14,7 @@ from tokenizers.decoders import DecodeStream
 
 from data.datamodule import TextDataModule
 from data.tokenizer import EOT, UNK, is_safe_cut, load_pretrained, safe_pieces, splits_safely, train_bpe, train_char
-from tests.common import bpe_config, data_config
+from tests.common import TINY_OVERRIDES, bpe_config, data_config, refused, train_here
 
 SAMPLE = "ROMEO: Thou art — déjà vu 🙂 \n\n  odd   spacing\tand\r\nends"
 
@@ -195,21 +195,17 @@ def test_a_tokenizer_that_loses_much_of_the_text_is_named_with_its_share(tmp_pat
     assert unknown_tokens(bpe.prepare()) is None
 
 
-@pytest.mark.slow
 def test_train_py_says_how_much_of_the_text_a_tokenizer_loses(tmp_path, small_text):
     """The user's path: train.py with a word-level tokenizer of a few words warns in one line, and trains."""
-    from tests.common import TINY_OVERRIDES, run_script
 
     vocab = {"[UNK]": 0, **{w: i + 1 for i, w in enumerate(dict.fromkeys(small_text.read_text().split()[:40]))}}
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tokenizer.save(str(tmp_path / "words.json"))
     settings = [o for o in TINY_OVERRIDES if not o.startswith("tokenizer.")]
-    proc = run_script(
-        "train.py", *settings, f"data.path={small_text}", "tokenizer=pretrained", "tokenizer.path=words.json"
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    warned = [line for line in (proc.stdout + proc.stderr).splitlines() if "unknown token [UNK]" in line]
+    ran = train_here(*settings, f"data.path={small_text}", "tokenizer=pretrained", "tokenizer.path=words.json")
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    warned = [line for line in (ran.stdout + ran.stderr).splitlines() if "unknown token [UNK]" in line]
     assert len(warned) == 1 and "[WARNING]" in warned[0] and "validation tokens (" in warned[0]
 
 
@@ -241,32 +237,22 @@ def test_a_tokenizer_with_an_added_token_that_spans_a_space_is_not_cut_into_piec
     assert whole != pieced  # what encoding it in pieces would have got wrong
 
 
-@pytest.mark.slow
 def test_train_py_says_a_tokenizer_made_no_tokens_of_the_text_rather_than_that_the_text_is_short(tmp_path, small_text):
     """A tokenizer.json whose vocabulary covers none of the text (here: a BPE with no tokens) is named
     as the cause in one line; the text was said to be too short to leave any training text."""
-    from tests.common import TINY_OVERRIDES, run_script
 
     Tokenizer(models.BPE()).save(str(tmp_path / "empty.json"))
     settings = [o for o in TINY_OVERRIDES if not o.startswith("tokenizer.")]
     cache = tmp_path / "cache"
-    proc = run_script(
-        "train.py",
+    line = refused(
         *settings,
         f"data.path={small_text}",
         f"data.cache_dir={cache}",
         "tokenizer=pretrained",
         "tokenizer.path=empty.json",
-        cwd=tmp_path,
     )
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr
     chars = round(len(small_text.read_text(encoding="utf-8")) * 0.9)
-    assert (
-        proc.stderr.strip()
-        .splitlines()[-1]
-        .startswith(
-            f"error: the tokenizer made no tokens of the {chars:,} training characters of {small_text}: its vocabulary "
-            "covers none of the text"
-        )
-    )
-    assert not (tmp_path / "outputs").exists() and not list(cache.rglob("*.bin"))  # no run folder, no cache entry
+    assert line.startswith(
+        f"the tokenizer made no tokens of the {chars:,} training characters of {small_text}: its vocabulary "
+        "covers none of the text"
+    )  # (and refused(): no run folder, no cache entry)

@@ -4,22 +4,31 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import re
 import shutil
 import struct
 from pathlib import Path
 
 import pytest
+import wandb  # (imported as the tests are collected: see test_wandb_keeps_the_console_output_in_the_run_folder)
 import yaml
 from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from checkpoint import load_checkpoint
 from shell.checks import SettingError, check_values, wandb_credentials_present, wandb_mode
+from shell.folders import RunFolder
 from shell.loggers import RunCSVLogger, flat_settings, wandb_run_id
-from shell.run import train
-from shell.run_folder import RunFolder
-from tests.common import TINY_OVERRIDES, compose_config
+from tests.common import (
+    TINY_OVERRIDES,
+    compose_config,
+    one_error_line,
+    passes_the_checks,
+    refused,
+    run_script,
+    train_here,
+)
 
 METRICS = {
     "train/loss",
@@ -35,10 +44,10 @@ METRICS = {
 
 
 @pytest.fixture(scope="module")
-def tracked_run(tmp_path_factory, small_text):
-    """One tiny run with every logger on."""
+def tracked_run(tmp_path_factory, small_text) -> Path:
+    """One tiny run with every logger on, trained by train.py's command line in this process: its folder."""
     run = tmp_path_factory.mktemp("tracked") / "run"
-    cfg = compose_config(
+    ran = train_here(
         *TINY_OVERRIDES,
         f"data.path={small_text}",
         "logger=[wandb,tensorboard,csv]",
@@ -47,12 +56,16 @@ def tracked_run(tmp_path_factory, small_text):
         "samples.max_new_tokens=12",
         "samples.prompts=[ROMEO:,'']",
         "logger.wandb.log_model=true",
+        f"hydra.run.dir={run}",
+        cwd=run.parent,
     )
-    return train(cfg, run), run
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    wandb.teardown()  # wandb's service done writing and ended, as it is once the process that started it ends
+    return run
 
 
 def test_tensorboard_holds_every_metric_and_the_samples(tracked_run):
-    _, run = tracked_run
+    run = tracked_run
     events = EventAccumulator(str(run / "tensorboard"), size_guidance={"scalars": 0, "tensors": 0})
     events.Reload()
     assert METRICS <= set(events.Tags()["scalars"])
@@ -66,7 +79,7 @@ def test_tensorboard_holds_every_metric_and_the_samples(tracked_run):
 
 
 def tensorboard_events(run: Path) -> EventAccumulator:
-    events = EventAccumulator(str(RunFolder(run).tensorboard), size_guidance={"scalars": 0, "tensors": 0})
+    events = EventAccumulator(str(run / "tensorboard"), size_guidance={"scalars": 0, "tensors": 0})
     events.Reload()
     return events
 
@@ -92,8 +105,8 @@ def hparams_session_groups(logdir: Path) -> list:
 
 
 def test_tensorboard_hparams_tab_shows_the_settings_and_the_final_validation(tracked_run):
-    _, run = tracked_run
-    (group,) = hparams_session_groups(RunFolder(run).tensorboard)
+    run = tracked_run
+    (group,) = hparams_session_groups(run / "tensorboard")
     settings = {name: getattr(value, value.WhichOneof("kind")) for name, value in group.hparams.items()}
     assert settings == flat_settings(yaml.safe_load(RunFolder(run).settings_file.read_text()))  # every setting
     assert settings["model.n_layer"] == 2 and settings["trainer.max_steps"] == 8
@@ -107,35 +120,35 @@ def test_tensorboard_hparams_tab_shows_the_settings_and_the_final_validation(tra
 
 
 def test_samples_are_logged_at_the_step_of_the_validation_they_follow(tracked_run):
-    _, run = tracked_run
+    run = tracked_run
     events = tensorboard_events(run)
     validations = [e.step for e in events.Scalars("val/loss")]
     assert validations == [3, 7]
     for prompt in (0, 1):
         assert [e.step for e in events.Tensors(f"samples/{prompt}/text_summary")] == validations
-    written = re.findall(r"^## step (\d+), prompt", RunFolder(run).samples_file.read_text(), flags=re.M)
+    written = re.findall(r"^## step (\d+), prompt", (run / "samples.md").read_text(), flags=re.M)
     assert [int(step) for step in written] == [3, 3, 7, 7]
     rows = list(csv.DictReader(open(run / "metrics.csv")))
     assert [int(row["step"]) for row in rows if row["val/loss"]] == validations
 
 
 def test_csv_holds_every_metric(tracked_run):
-    _, run = tracked_run
+    run = tracked_run
     rows = list(csv.DictReader(open(run / "metrics.csv")))
     logged = {key for row in rows for key, value in row.items() if value}
     assert METRICS <= logged
 
 
 def test_a_resumed_metrics_csv_drops_a_row_cut_short_and_is_rewritten_by_a_rename(tmp_path):
-    """metrics.csv as a kill while it was appended to leaves it, its last row cut short (",1" of ",12,...";
+    """metrics.csv as a kill while it was appended to leaves it, its last row cut short ("1" of "12,...";
     kept as a second step 1, or a traceback where the cut left no number). A new column rewrites the file
     beside itself and renames it into place: a stop then leaves the records whole, where they were truncated."""
     path = tmp_path / "metrics.csv"
-    path.write_text("epoch,step,train/loss\r\n,0,6.9\r\n,1,6.8\r\n,2,6.7\r\n,1", newline="")
+    path.write_text("step,train/loss\r\n0,6.9\r\n1,6.8\r\n2,6.7\r\n1", newline="")
     logger = RunCSVLogger(str(tmp_path), resume_step=2)  # resumed from step 2's checkpoint: its row goes too
     logger.log_metrics({"train/loss": 6.75}, step=2)
     logger.save()
-    assert path.read_bytes() == b"epoch,step,train/loss\r\n,0,6.9\r\n,1,6.8\r\n,2,6.75\r\n"
+    assert path.read_bytes() == b"step,train/loss\r\n0,6.9\r\n1,6.8\r\n2,6.75\r\n"
     appended_to = path.stat().st_ino
     logger.log_metrics({"val/loss": 6.6}, step=2)
     logger.save()
@@ -150,7 +163,7 @@ def test_a_resumed_metrics_csv_drops_a_row_cut_short_and_is_rewritten_by_a_renam
 
 
 def test_wandb_logs_offline_with_the_config_and_sample_tables(tracked_run):
-    _, run = tracked_run
+    run = tracked_run
     (offline,) = (run / "wandb").glob("offline-run-*")
     records = next(offline.glob("run-*.wandb")).read_bytes()
     assert b"tokens_per_step" in records and b"n_layer" in records  # the whole resolved config
@@ -192,7 +205,7 @@ def wandb_history(run: Path) -> list[dict]:
 
 
 def test_wandb_logs_the_samples_at_the_step_of_their_validation(tracked_run):
-    _, run = tracked_run
+    run = tracked_run
     rows = wandb_history(run)
     validations = [row["trainer/global_step"] for row in rows if "val/loss" in row]
     samples = [row for row in rows if "samples/path" in row]
@@ -204,23 +217,26 @@ def test_wandb_logs_the_samples_at_the_step_of_their_validation(tracked_run):
 
 
 def test_wandb_offline_stages_the_best_checkpoint_as_a_model_artifact_in_the_run_folder(tracked_run):
-    result, run = tracked_run
+    run = tracked_run
     folder = RunFolder(run)
+    staging = run / "wandb" / "data"  # WANDB_DATA_DIR, where wandb stages what a sync uploads
     artifacts = [record.artifact for record in wandb_records(run) if record.WhichOneof("record_type") == "artifact"]
     (model,) = [artifact for artifact in artifacts if artifact.type == "model"]
     assert model.name == f"model-{folder.wandb_id_file.read_text().strip()}"
     assert set(model.aliases) == {"best", "latest"}
     (entry,) = model.manifest.contents
     staged = Path(entry.local_path)
-    assert entry.path == "model.ckpt" and staged.is_relative_to(folder.wandb_data)
-    assert staged.read_bytes() == folder.best.read_bytes() and result.best_checkpoint == folder.best
+    assert entry.path == "model.ckpt" and staged.is_relative_to(staging)
+    assert staged.read_bytes() == folder.best.read_bytes()
     assert load_checkpoint(staged).model.config == load_checkpoint(folder.best).model.config  # it describes itself
     for artifact in artifacts:  # the samples tables too: everything a sync needs is in the run folder
-        assert all(Path(e.local_path).is_relative_to(folder.wandb_data) for e in artifact.manifest.contents)
+        assert all(Path(e.local_path).is_relative_to(staging) for e in artifact.manifest.contents)
 
 
 def test_wandb_keeps_the_console_output_in_the_run_folder(tracked_run):
-    _, run = tracked_run
+    # wandb keeps the console of a run in this process (train_here, which swaps sys.stdout for a buffer of its
+    # own) only where wandb was first imported outside train_here: here, as this file is collected
+    run = tracked_run
     (output,) = (run / "wandb").glob("offline-run-*/files/output.log")
     assert "max_steps=8" in output.read_text()  # Lightning's last line: "`Trainer.fit` stopped: `max_steps=8` reached."
 
@@ -228,7 +244,7 @@ def test_wandb_keeps_the_console_output_in_the_run_folder(tracked_run):
 def test_a_resumed_run_whose_wandb_id_file_was_lost_or_damaged_logs_to_the_same_wandb_run(tracked_run, tmp_path):
     """.wandb_id emptied (a stop as it was written), edited or deleted: the id comes from the wandb run
     the folder holds, and is kept again, where wandb refused the run (empty, or a / in it) or began another."""
-    _, run = tracked_run
+    run = tracked_run
     (offline,) = (run / "wandb").glob("offline-run-*")
     logged_id = offline.name.rsplit("-", 1)[1]
     copy = tmp_path / "run"
@@ -251,7 +267,7 @@ def test_wandb_log_model_is_off_by_default_and_checked():
 
 
 def test_samples_are_written_after_every_validation(tracked_run):
-    _, run = tracked_run
+    run = tracked_run
     text = (run / "samples.md").read_text()
     assert text.count("## step") == 4  # 2 validations x 2 prompts
     assert "prompt 'ROMEO:'" in text and "prompt ''" in text
@@ -259,7 +275,7 @@ def test_samples_are_written_after_every_validation(tracked_run):
 
 
 def test_loss_curve_is_drawn_at_the_end(tracked_run):
-    _, run = tracked_run
+    run = tracked_run
     png = (run / "loss.png").read_bytes()
     assert png.startswith(b"\x89PNG") and len(png) > 10_000
 
@@ -278,43 +294,38 @@ def test_wandb_never_prompts(monkeypatch, tmp_path):
     monkeypatch.setenv("WANDB_MODE", "offline")
     assert wandb_mode("auto") == "offline"  # the user's own setting wins
     assert wandb_mode("disabled") == "disabled"
-    with pytest.raises(ValueError, match="mode"):
-        wandb_mode("sometimes")
+    given = OmegaConf.to_container(compose_config("logger=wandb", "logger.wandb.mode=sometimes"), resolve=True)
+    with pytest.raises(SettingError, match="logger.wandb.mode"):  # refused with the settings, never asked
+        check_values(given)
 
 
-def test_wandb_online_with_no_account_is_refused_before_anything_is_made(monkeypatch, tmp_path):
+def test_wandb_online_with_no_account_is_refused_before_anything_is_made(monkeypatch, tmp_path, small_text):
     """Online with no login would fail inside wandb.init, after the run folder was made: refused with
     the settings, in one line that says how to log in or to log offline."""
-    from shell.launch import check_command_line
-
     monkeypatch.delenv("WANDB_MODE", raising=False)
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
-    for args in (["logger=wandb", "logger.wandb.mode=online"], ["logger=[csv,wandb]", "logger.wandb.mode=online"]):
-        problem = check_command_line(args)
-        assert problem is not None and problem.startswith("wandb logs online only with an account on this machine")
-        assert "wandb login" in problem and "logger.wandb.mode=offline" in problem
+    tiny = [*TINY_OVERRIDES, f"data.path={small_text}"]
+    line = refused(*tiny, "logger=wandb", "logger.wandb.mode=online")  # train.py's own refusal, in one line
+    assert line.startswith("wandb logs online only with an account on this machine")
+    assert "wandb login" in line and "logger.wandb.mode=offline" in line
+    with pytest.raises(SettingError, match="wandb logs online only.*logger.wandb.mode=offline"):
+        passes_the_checks(*tiny, "logger=[csv,wandb]", "logger.wandb.mode=online")
     monkeypatch.setenv("WANDB_MODE", "online")  # the same, asked for by wandb's own setting
-    assert check_command_line(["logger=wandb"]).startswith("wandb logs online only")
-    assert "or log offline by unsetting WANDB_MODE" in check_command_line(["logger=wandb"])
-    assert check_command_line(["logger=wandb", "logger.wandb.mode=offline"]) is None
+    with pytest.raises(SettingError, match="wandb logs online only.*or log offline by unsetting WANDB_MODE"):
+        passes_the_checks(*tiny, "logger=wandb")
+    passes_the_checks(*tiny, "logger=wandb", "logger.wandb.mode=offline")
     monkeypatch.setenv("WANDB_API_KEY", "k" * 40)
-    assert check_command_line(["logger=wandb", "logger.wandb.mode=online"]) is None
+    passes_the_checks(*tiny, "logger=wandb", "logger.wandb.mode=online")
 
 
 def test_a_wandb_mode_wandb_cannot_read_is_refused_in_one_line_before_anything_is_made(small_text, tmp_path):
     """wandb.init reads WANDB_MODE whatever mode it is given, and a value it does not know stopped the
     run with its traceback, after the run folder was made."""
-    import os
-
-    from tests.common import one_error_line, run_script
-
     for value in ("onlinee", ""):
-        env = {**os.environ, "WANDB_MODE": value}
-        proc = run_script("train.py", *TINY_OVERRIDES, f"data.path={small_text}", "logger=wandb", cwd=tmp_path, env=env)
-        assert proc.returncode == 1
-        assert one_error_line(proc.stderr) == (
-            f"error: WANDB_MODE={value!r} is not a wandb mode, and wandb reads it whatever logger.wandb.mode says; "
+        line = refused(*TINY_OVERRIDES, f"data.path={small_text}", "logger=wandb", env={"WANDB_MODE": value})
+        assert line == (
+            f"WANDB_MODE={value!r} is not a wandb mode, and wandb reads it whatever logger.wandb.mode says; "
             "set WANDB_MODE to online, offline or disabled, or unset it"
         )
         assert not (tmp_path / "outputs").exists()
@@ -330,10 +341,9 @@ def test_wandb_mode_follows_wandbs_old_names_for_its_modes(monkeypatch):
 
 @pytest.mark.slow
 def test_wandb_that_cannot_reach_its_server_stops_the_run_in_one_line_and_leaves_nothing(small_text, tmp_path):
-    import os
-
-    from tests.common import run_script
-
+    """A process of its own: wandb reads its settings from the environment once a process (here: a server that
+    is not there, and a short wait for it), where a run in this process would find them as an earlier run left
+    them."""
     env = {
         **os.environ,
         "WANDB_API_KEY": "k" * 40,  # an account, as far as this machine knows
@@ -345,8 +355,6 @@ def test_wandb_that_cannot_reach_its_server_stops_the_run_in_one_line_and_leaves
         "train.py", *TINY_OVERRIDES, f"data.path={small_text}", "logger=wandb", cwd=tmp_path, env=env, timeout=300
     )
     assert proc.returncode == 1
-    assert "Traceback" not in proc.stderr
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
-    assert len(errors) == 1 and errors[0].startswith("error: wandb could not start the run's log"), proc.stderr[-2000:]
-    assert "logger.wandb.mode=offline" in errors[0]
+    line = one_error_line(proc.stderr)
+    assert line.startswith("error: wandb could not start the run's log") and "logger.wandb.mode=offline" in line
     assert not (tmp_path / "outputs").exists()  # the new run is taken back: nothing was trained
