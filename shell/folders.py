@@ -210,7 +210,7 @@ class RunFolder:
                 problem = "cannot be read and written by this user"
             else:
                 continue
-            raise RunFolderError(f"cannot continue {self.path}: {path} {problem}, where the run keeps its own {name}; "
+            raise RunFolderError(f"cannot continue {self.path}: {path} {problem}, where the run keeps its own {path.name}; "
                                  "restore it, or move it aside, then run this again")  # fmt: skip
 
     def set_aside_after(self, step: int) -> list[Path]:

@@ -10,7 +10,6 @@ import contextlib
 import functools
 import logging
 import os
-import signal
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -37,7 +36,7 @@ from shell.folders import (
 from shell.init_from import Start
 from shell.settings import RunFinished, matches, named_settings, settle_new, settle_resumed
 from shell.startup import started
-from shell.stops import STOPS, Stopped, hold_stops, stops_raised
+from shell.stops import Stopped, hold_stops, stops_raised
 from shell.sweeps import how_to_continue, result_record, summarize
 from training.run_settings import RunSettings
 
@@ -66,7 +65,6 @@ class RunFolders(Callback):
                     folder.check_files()
                 self.lock = os.fdopen(folder.lock(made), "rb")
         except USER_ERRORS as err:  # (Hydra turns a callback's exception into a warning, and goes on)
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)
             sys.exit(f"error: {err}")
         with read_write(config.hydra), open_dict(config.hydra):
             config.hydra.run.dir = str(folder.path)
@@ -155,6 +153,8 @@ def settle(cfg: DictConfig, job: Job) -> tuple[RunSettings, Start | None]:
     """The job's settings, checked and made final (shell.settings), and what a new run from init_from starts from."""
     requested = plain(cfg)
     named = named_settings(job.overrides, requested)
+    if job.sweep is not None and job.resume == "auto" and job.folder.is_finished():  # a sweep continued
+        raise RunFinished("it finished before")
     if job.checkpoint is not None:
         return settle_resumed(job.checkpoint, requested, named, job.overrides), None
     return settle_new(requested, named, job.choices)
@@ -242,8 +242,6 @@ class Job:
         finally:
             if self.lock is not None:
                 os.close(self.lock)
-            if self.sweep is not None:
-                hold_stops()  # a stop between two jobs: the next job takes it
 
     def refused(self, err: Exception) -> int | str:
         """A job that cannot train: what it made taken back (a run with a checkpoint is kept, and its log says

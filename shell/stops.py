@@ -39,19 +39,33 @@ def stop(signum, frame) -> None:
     raise Stopped(signum)
 
 
+class HeldStops:
+    """A stop signal's handler that keeps the signal for later: from choosing a run's folder until the job that
+    takes back what it made (Hydra makes the folder and its record in between), where stops_raised raises it."""
+
+    def __init__(self) -> None:
+        self.taken: list[int] = []
+
+    def __call__(self, signum, frame) -> None:
+        self.taken.append(signum)
+
+
 def hold_stops() -> None:
-    """Stop signals wait from here (blocked) until stops_raised lets them in: between choosing a run's folder and
-    the job that takes back what it made on a stop (Hydra makes the folder and its record in between)."""
-    signal.pthread_sigmask(signal.SIG_BLOCK, STOPS)
+    holder = HeldStops()
+    for signum in STOPS:
+        signal.signal(signum, holder)
 
 
 @contextlib.contextmanager
 def stops_raised() -> Iterator[None]:
-    """While held, SIGINT and SIGTERM raise Stopped where the program is (one that waited, at once); the handlers
+    """While held, SIGINT and SIGTERM raise Stopped where the program is (one held before, at once); the handlers
     before come back after."""
     before = {signum: signal.signal(signum, stop) for signum in STOPS}
     try:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)
+        if taken := [s for h in before.values() if isinstance(h, HeldStops) for s in h.taken]:
+            for holder in before.values():
+                holder.taken.clear()
+            raise Stopped(taken[0])
         yield
     finally:
         for signum, handler in before.items():

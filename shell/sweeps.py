@@ -15,7 +15,6 @@ import json
 import logging
 import math
 import os
-import signal
 import sys
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -38,7 +37,7 @@ from shell.folders import (
     process_rank,
     sweep_continue_command,
 )
-from shell.stops import STOPS, hold_stops
+from shell.stops import hold_stops
 
 log = logging.getLogger(__name__)
 
@@ -59,11 +58,12 @@ class Sweeps(Callback):
         try:
             self.start(config)
         except USER_ERRORS as err:  # (Hydra turns a callback's exception into a warning, and goes on)
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)
             sys.exit(f"error: {err}")
 
     def start(self, config: DictConfig) -> None:
-        given = [o.partition("=")[2] for o in config.hydra.overrides.task if o.lstrip("+").startswith("resume=")]
+        given = [
+            str(hydra_reading(o).value()) for o in config.hydra.overrides.task if o.lstrip("+").startswith("resume=")
+        ]
         shared = launcher_name()
         requeued = shared and launcher_restarted() and (Path("multirun") / shared / SWEEP_RECORD).is_file()
         made = None
@@ -97,7 +97,7 @@ class Sweeps(Callback):
         log.info("sweep summary: %s", sweep_dir / "summary.csv")
         swept = swept_settings(summary["runs"], sweep_dir)
         said = {
-            Path(r["run_dir"]).name: " ".join(f"{k}={v}" for k, v in given(r).items() if k in swept)
+            Path(r["run_dir"]).name: " ".join(f"{k}={given(r)[k]}" for k in swept if k in given(r))
             for r in summary["runs"]
         }
         for r in summary["runs"]:
@@ -141,11 +141,11 @@ def check_sweep(config: DictConfig) -> None:
     sweeper = OmegaConf.to_container(config.hydra.sweeper, resolve=True)
     searching = "optuna" in str(sweeper.get("_target_", "")).lower()
     space = dict(sweeper.get("params") or {}) if searching else {}
-    for override in config.hydra.overrides.hydra:
+    for override in OmegaConf.to_container(config.hydra.overrides, resolve=False)["hydra"]:  # as typed: ${...}
         key = (parsed := hydra_reading(override)).key_or_group
-        if key == "hydra.sweep.subdir" and not any(n in override for n in ("hydra.job.num", "hydra.job.id")):
+        if key == "hydra.sweep.subdir" and "${" not in override:  # (${hydra.job.num}, ${optim.lr}: a folder a job)
             raise SettingError(f"{override} would put every job of the sweep in one folder; leave it out (each job's "
-                               "folder is its number), or make it hold ${hydra.job.num}")  # fmt: skip
+                               "folder is its number), or make it hold ${hydra.job.num} or a swept setting")  # fmt: skip
         if parsed.is_sweep_override():
             instead = (
                 f"; give the search range as {key.removeprefix('hydra.sweeper.params.')}={override.split('=', 1)[1]}"
@@ -378,9 +378,8 @@ def summarize(sweep_dir: Path) -> dict[str, Any] | None:
     write_atomically(Path(sweep_dir) / "summary.json", json.dumps(summary, indent=2))
     swept = swept_settings(results, Path(sweep_dir))
     names = [m for m in METRICS if any(m in r["metrics"] for r in results)]
-    resumed = [
-        " ".join(o for o in r.get("resumed_with", []) if not o.lstrip("+").startswith("resume=")) for r in results
-    ]
+    resumed = [" ".join(o for o in r.get("resumed_with", []) if o not in r["overrides"] and "resume=" not in o)
+               for r in results]  # fmt: skip
     rows = [["run", *swept, *names, "finished", "best", *(["resumed with"] if any(resumed) else [])]]
     for r, changed in zip(results, resumed, strict=True):
         settings, figures = given(r), [r["metrics"].get(m, "") for m in names]

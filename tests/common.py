@@ -179,7 +179,6 @@ def train_here(*args: str, cwd: Path | None = None, env: dict | None = None) -> 
     root = logging.getLogger()
     logs = (root.level, list(root.handlers))  # (Hydra sets the root logger up for the job)
     handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])  # (a sweep's end leaves the stop signals held)
     os.chdir(cwd or Path.cwd())
     os.environ.update(env or {})
     sys.argv, sys.stdout, sys.stderr = ["train.py", *args], out, err
@@ -195,7 +194,6 @@ def train_here(*args: str, cwd: Path | None = None, env: dict | None = None) -> 
         os.environ.update(environ)
         for signum, handler in handlers.items():
             signal.signal(signum, handler)
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         for handler in [h for h in root.handlers if h not in logs[1]]:  # the run's console and train.log
             for logger in (root, *map(logging.getLogger, ("lightning.pytorch", "lightning.fabric", "py.warnings"))):
                 logger.removeHandler(handler)

@@ -473,7 +473,7 @@ def test_ctrl_c_as_the_libraries_load_ends_the_process_at_once(small_text, tmp_p
 
 @pytest.mark.slow
 def test_ctrl_c_as_hydra_composes_the_run_stops_before_anything_is_made(small_text, tmp_path):
-    env = stop_at(tmp_path / "hook", "hydra._internal.config_loader_impl:ConfigLoaderImpl.load_configuration", signal.SIGINT)  # fmt: skip
+    env = stop_at(tmp_path / "hook", "hydra.core.override_parser.overrides_parser:OverridesParser.parse_overrides", signal.SIGINT)  # fmt: skip
     here = tmp_path / "here"
     here.mkdir()
     ran = run_script("train.py", *args_for(small_text), cwd=here, env=env)
@@ -543,14 +543,15 @@ def test_ctrl_c_as_the_next_job_of_a_sweep_starts_prints_how_to_continue_the_swe
 
 
 @pytest.mark.slow
-def test_ctrl_c_as_hydra_composes_a_sweeps_job_leaves_no_sweep_folder(small_text, tmp_path, monkeypatch):
-    """Ctrl-C after the sweep's folder is made, as Hydra composes its first job: the folder goes too."""
-    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+def test_ctrl_c_as_a_sweeps_first_job_starts_leaves_no_sweep_folder(small_text, tmp_path, monkeypatch):
+    """Ctrl-C after the sweep's folder is made, as Hydra starts its first job: the stop waits for the job, which
+    takes the folder back."""
+    import shell.job
 
-    signalled_at(monkeypatch, ConfigLoaderImpl, "load_sweep_config", signal.SIGINT)
+    signalled_at(monkeypatch, shell.job.Job, "of", signal.SIGINT)
     ran = train_here("-m", *args_for(small_text), "optim.lr=1e-3,2e-3")
     assert ran.returncode == 130, ran.stderr[-3000:]
-    assert ran.stderr.rstrip().splitlines()[-1] == "stopped before training began; nothing was written"
+    assert ran.stderr.rstrip().splitlines()[-1] == "stopped before the run's first checkpoint; nothing was kept"
     assert not any(tmp_path.iterdir()), list(tmp_path.rglob("*"))
 
 
