@@ -61,9 +61,8 @@ class Sweeps(Callback):
             sys.exit(f"error: {err}")
 
     def start(self, config: DictConfig) -> None:
-        given = [
-            str(hydra_reading(o).value()) for o in config.hydra.overrides.task if o.lstrip("+").startswith("resume=")
-        ]
+        typed = [hydra_reading(o) for o in config.hydra.overrides.task if o.lstrip("+").startswith("resume=")]
+        given = [o.input_line.partition("=")[2] if o.is_sweep_override() else str(o.value()) for o in typed]
         shared = launcher_name()
         requeued = shared and launcher_restarted() and (Path("multirun") / shared / SWEEP_RECORD).is_file()
         made = None
