@@ -41,7 +41,7 @@ NOT_RUN = {
     "torchrun": "starts processes on several GPUs or machines",
     "wandb sync": "uploads to wandb's servers",
     "lm_eval": "needs lm-evaluation-harness installed and studio.py serving; checked by hand (docs/studio.md)",
-    f"python train.py -m resume={SWEEP}": "continues a sweep folder, which tests/test_run_lifecycle.py makes and continues",
+    f"python train.py -m resume={SWEEP}": "continues a sweep folder, which tests/test_sweeps.py makes and continues",
 }
 
 
