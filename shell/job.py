@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import logging
 import os
 import sys
@@ -69,7 +70,9 @@ class RunFolders(Callback):
         with read_write(config.hydra), open_dict(config.hydra):
             config.hydra.run.dir = str(folder.path)
             if resuming and process_rank() == 0:  # Hydra's record of this command beside the run's first
-                config.hydra.output_subdir = f".hydra/resume-{datetime.now():%Y-%m-%d_%H-%M-%S}"
+                stamp = f".hydra/resume-{datetime.now():%Y-%m-%d_%H-%M-%S}"
+                names = (stamp if n == 1 else f"{stamp}-{n}" for n in itertools.count(1))  # (one a second or more)
+                config.hydra.output_subdir = next(name for name in names if not (folder.path / name).exists())
 
 
 def choose_folder(config: DictConfig) -> tuple[RunFolder, Path | None, bool]:
