@@ -181,6 +181,11 @@ def train_here(*args: str, cwd: Path | None = None, env: dict | None = None) -> 
     handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
     os.chdir(cwd or Path.cwd())
     os.environ.update(env or {})
+    if os.environ.get("TINYGPT2_FAILPOINT"):  # each command's failpoints fire in it, as in a process of its own
+        from tests.faults import failpoints
+
+        failpoints.FIRED.clear()
+        failpoints.install()
     sys.argv, sys.stdout, sys.stderr = ["train.py", *args], out, err
     try:
         command_line.run(train.main)
@@ -249,6 +254,44 @@ def run_printed(command: str, cwd: Path) -> subprocess.CompletedProcess:
         timeout=600,
         env=script_environment(None, None),
     )
+
+
+def printed_after(marker: str, said: str) -> str:
+    """The one command printed after marker (e.g. "Continue with: ", "sample from it: ")."""
+    (line,) = [line for line in said.splitlines() if marker in line]
+    return line.split(marker, 1)[1]
+
+
+def train_as_printed(command: str, cwd: Path) -> Ran:
+    """A train.py command the program printed, run in this process (train_here) as a shell would split it."""
+    words = shlex.split(command)
+    assert words[:2] == ["python", str(ROOT / "train.py")], command
+    return train_here(*words[2:], cwd=cwd)
+
+
+def paste_into_bash(command: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    """A command pasted into bash as it is, `python` being this interpreter."""
+    python = f'python() {{ {shlex.quote(sys.executable)} "$@"; }}\n'
+    return subprocess.run(
+        ["bash", "-c", python + command],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env or script_environment(None, None),
+    )
+
+
+SLURM_JOB = {  # the environment of a one-task SLURM job
+    "SLURM_JOB_ID": "4242",
+    "SLURM_JOB_NAME": "tinygpt2",
+    "SLURM_NTASKS": "1",
+    "SLURM_NTASKS_PER_NODE": "1",
+    "SLURM_NODELIST": "localhost",
+    "SLURM_PROCID": "0",
+    "SLURM_LOCALID": "0",
+    "SLURM_NODEID": "0",
+}
 
 
 def run_script(

@@ -148,3 +148,37 @@ def documents(tmp_path_factory, full_text) -> Path:
     """A folder of 24 documents, the text's first 600,000 characters in parts of 25,000: a corpus that
     tokenizes in many shards."""
     return write_documents(tmp_path_factory.mktemp("documents"), full_text.read_text(encoding="utf-8"), 24)
+
+
+@pytest.fixture
+def held_elsewhere():
+    """(hold, let_go): hold(folder) has another process hold the folder's lock, as the train.py training a run or
+    a sweep there holds it (a child of this one, which takes RunFolder(folder).lock() and waits), and returns
+    its pid; let_go() ends it. Every holder ends with the test."""
+    import multiprocessing
+
+    from shell.folders import RunFolder
+
+    context = multiprocessing.get_context("fork")
+    holders = []
+
+    def keep(folder: Path, ready, done) -> None:
+        RunFolder(folder).lock()
+        ready.set()
+        done.wait(600)
+
+    def hold(folder: Path) -> int:
+        ready, done = context.Event(), context.Event()
+        holder = context.Process(target=keep, args=(folder, ready, done), daemon=True)
+        holder.start()
+        holders.append((holder, done))
+        assert ready.wait(60), "the lock was not taken"
+        return holder.pid
+
+    def let_go() -> None:
+        for holder, done in holders:
+            done.set()
+            holder.join(60)
+
+    yield hold, let_go
+    let_go()

@@ -2,7 +2,7 @@
 (resume=auto); the settings that may change beside it and the exact refusal of those that may not; runs
 finished by their steps or their time; a hand-edited config.yaml (not read); checkpoints superseded, damaged or replaced
 by a folder; a run started on a GPU continued on a CPU; the commands a run prints, run as printed; one process
-per run (its lock); the folders a run goes into, of any name; and the folders a SLURM job or a torchrun launch
+per run (its lock); the folders a run goes into, of any name; and the folders a SLURM_JOB job or a torchrun launch
 names, continued when its scheduler restarts it.
 
 Every command runs in this process (train_here): the real command line, Hydra, the shell's callbacks and
@@ -11,12 +11,9 @@ Lightning's fit. What only a process shows (a kill, a signal's exit status, DDP)
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import shlex
 import shutil
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 
@@ -31,16 +28,19 @@ from shell.folders import RunFolder, new_folder
 from shell.settings import check_continuation, contradiction
 from tests.common import (
     ROOT,
+    SLURM_JOB,
     TINY_OVERRIDES,
     assert_bit_equal,
     compose_config,
     flipped_copy,
     passes_the_checks,
+    paste_into_bash,
+    printed_after,
     refused,
     runs_under,
     sample_steps,
-    script_environment,
     snapshot,
+    train_as_printed,
     train_here,
     train_losses,
     validations,
@@ -50,16 +50,6 @@ STEPS = 12  # a run of a real (tiny) size: model, learning rate, length and logg
 STOPPED_AT = 7  # the step a Ctrl-C stopped the run at: step files 2, 4, 6 and 7, best.ckpt of step 4
 JOSE = "josé, a=b"  # the quick start in /home/josé, a=b/...: an accent, a comma and =
 ODD = "it's [1] {x} (y) $HOME ü日, a=b \\ end "  # a quote, brackets, $, a backslash, a space at its end
-SLURM = {  # a one-task SLURM job
-    "SLURM_JOB_ID": "4242",
-    "SLURM_JOB_NAME": "tinygpt2",
-    "SLURM_NTASKS": "1",
-    "SLURM_NTASKS_PER_NODE": "1",
-    "SLURM_NODELIST": "localhost",
-    "SLURM_PROCID": "0",
-    "SLURM_LOCALID": "0",
-    "SLURM_NODEID": "0",
-}
 
 
 def run_args(small_text: Path, *extra: str) -> list[str]:
@@ -73,27 +63,6 @@ def run_args(small_text: Path, *extra: str) -> list[str]:
         "checkpoint.keep=20",
         *extra,
     ]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def each_command_as_a_process_of_its_own():
-    """train_here runs train.py in this process, which outlives the command: each command here starts, as a
-    process of its own would, with no failpoint fired yet (tests/faults fires each once a process). The faults
-    are installed once, inert until a command's environment names one (TINYGPT2_FAILPOINT)."""
-    from tests import common
-    from tests.faults import failpoints
-
-    failpoints.install()
-    command = common.train_here
-
-    def as_a_process(*args: str, cwd: Path | None = None, env: dict | None = None):
-        failpoints.FIRED.clear()
-        return command(*args, cwd=cwd, env=env)
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(common, "train_here", as_a_process)
-        patch.setattr(sys.modules[__name__], "train_here", as_a_process)
-        yield
 
 
 def stopped_by_ctrl_c(args: list[str], run: Path, at: int = STOPPED_AT) -> Path:
@@ -153,19 +122,6 @@ def refused_beside(run: Path, *args: str) -> str:
 def warnings_of(ran) -> list[str]:
     """The warning lines a command logged, without their time and logger."""
     return [line.split(" - ", 1)[-1] for line in (ran.stdout + ran.stderr).splitlines() if "[WARNING]" in line]
-
-
-def printed_after(marker: str, said: str) -> str:
-    """The one command printed after marker (e.g. "sample from it: ")."""
-    (line,) = [line for line in said.splitlines() if marker in line]
-    return line.split(marker, 1)[1]
-
-
-def run_as_printed(command: str, cwd: Path):
-    """A train.py command the program printed, run in this process as a shell would split it."""
-    words = shlex.split(command)
-    assert words[:2] == ["python", str(ROOT / "train.py")], command
-    return train_here(*words[2:], cwd=cwd)
 
 
 def last_checkpoint(run: Path) -> dict:
@@ -318,7 +274,7 @@ def test_a_file_of_the_run_replaced_by_a_folder_or_back_is_named_before_anything
         )
         replaced.rmdir()
         moved.rename(replaced)
-    assert run_as_printed(RunFolder(run).continue_command(), tmp_path).returncode == 0
+    assert train_as_printed(RunFolder(run).continue_command(), tmp_path).returncode == 0
     assert (run / "tensorboard").is_dir() and result_of(run)["finished"]
 
 
@@ -567,19 +523,6 @@ def test_resume_auto_continues_a_run_whose_warmup_was_shortened_to_fit(small_tex
 # ---- the commands a run prints ---------------------------------------------------------------------------------
 
 
-def paste_into_bash(command: str, cwd: Path) -> subprocess.CompletedProcess:
-    """A printed command pasted into bash as it is, `python` being this interpreter."""
-    python = f'python() {{ {shlex.quote(sys.executable)} "$@"; }}\n'
-    return subprocess.run(
-        ["bash", "-c", python + command],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=script_environment(None, None),
-    )
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("prompt", ["-ROMEO:", 'it\'s "$HOME"!'])
 def test_the_printed_sample_command_works_for_a_prompt_a_shell_or_argparse_would_misread(
@@ -622,7 +565,7 @@ def test_a_run_killed_before_its_first_checkpoint_names_the_command_that_starts_
     without_checkpoints(run, STARTED)
     line = refused_beside(run, f"resume={run}")
     assert line.startswith(f"{run} has no checkpoint to resume from"), line
-    again = run_as_printed(line.split("start it again as a new run: ", 1)[1], tmp_path)
+    again = train_as_printed(line.split("start it again as a new run: ", 1)[1], tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
     (new,) = set(runs_under(tmp_path / "outputs")) - {run}
     assert yaml.safe_load((new / "config.yaml").read_text())["samples"]["prompts"] == ["ROMEO:", "a b"]
@@ -642,7 +585,7 @@ def test_the_start_again_command_of_a_run_given_relative_paths_works_from_anothe
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     line = refused(f"resume={run}", cwd=elsewhere)
-    again = run_as_printed(line.split("start it again as a new run: ", 1)[1], elsewhere)
+    again = train_as_printed(line.split("start it again as a new run: ", 1)[1], elsewhere)
     assert again.returncode == 0, again.stderr[-3000:]
     (new,) = runs_under(elsewhere / "outputs")
     assert yaml.safe_load((new / "config.yaml").read_text())["data"]["path"] == str(started / "texts" / "input.txt")
@@ -660,36 +603,6 @@ def test_trainer_takes_any_lightning_argument(small_text, tmp_path):
 
 
 # ---- one process per run: its lock ----------------------------------------------------------------------------
-
-
-@pytest.fixture
-def held_elsewhere():
-    """(hold, let_go): hold(folder) has another process hold the folder's lock, as the train.py training it holds
-    it (a child of this one, which takes RunFolder(folder).lock() and waits), and returns its pid; let_go() ends
-    it. Every holder ends with the test."""
-    context = multiprocessing.get_context("fork")
-    holders = []
-
-    def keep(folder: Path, ready, done) -> None:
-        RunFolder(folder).lock()
-        ready.set()
-        done.wait(600)
-
-    def hold(folder: Path) -> int:
-        ready, done = context.Event(), context.Event()
-        holder = context.Process(target=keep, args=(folder, ready, done), daemon=True)
-        holder.start()
-        holders.append((holder, done))
-        assert ready.wait(60), "the lock was not taken"
-        return holder.pid
-
-    def let_go() -> None:
-        for holder, done in holders:
-            done.set()
-            holder.join(60)
-
-    yield hold, let_go
-    let_go()
 
 
 @pytest.mark.slow
@@ -847,7 +760,7 @@ def test_a_refused_start_in_or_into_such_a_folder_leaves_nothing(folder, args, s
     assert not any(here.iterdir()) and [p.name for p in tmp_path.iterdir()] == [folder]
 
 
-# ---- a scheduler's launch: SLURM, torchrun -------------------------------------------------------------------------
+# ---- a scheduler's launch: SLURM_JOB, torchrun -------------------------------------------------------------------------
 
 
 def launched_from(place: Path, small_text: Path) -> list[str]:
@@ -864,16 +777,16 @@ def test_a_requeued_slurm_job_continues_its_run(stopped, reference, small_text, 
 
     args, here = launched_from(tmp_path, small_text), tmp_path / "here"
     run = copy_of(stopped, tmp_path / "outputs" / "slurm-4242")  # the job's run, stopped at step 7
-    assert f"{run} already holds a run" in refused(*args, cwd=here, env=SLURM)  # the same job id, not requeued
+    assert f"{run} already holds a run" in refused(*args, cwd=here, env=SLURM_JOB)  # the same job id, not requeued
 
-    for key, value in {**SLURM, "SLURM_PROCID": "1", "SLURM_RESTART_COUNT": "1"}.items():
+    for key, value in {**SLURM_JOB, "SLURM_PROCID": "1", "SLURM_RESTART_COUNT": "1"}.items():
         monkeypatch.setenv(key, value)  # a requeue, as every task of the job decides it, here the second
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
         config = compose("train", overrides=args, return_hydra_config=True)
     assert choose_folder(config) == (RunFolder(run), None, True)
     monkeypatch.undo()
 
-    requeued = train_here(*args, cwd=here, env={**SLURM, "SLURM_RESTART_COUNT": "1"})
+    requeued = train_here(*args, cwd=here, env={**SLURM_JOB, "SLURM_RESTART_COUNT": "1"})
     assert requeued.returncode == 0, requeued.stderr[-3000:]
     assert f"this job was restarted by its scheduler: continuing {run}" in requeued.stderr
     assert result_of(run)["finished"]
@@ -885,7 +798,7 @@ def test_a_requeued_slurm_job_continues_its_run(stopped, reference, small_text, 
 def test_a_slurm_job_requeued_before_its_first_checkpoint_starts_again(stopped, reference, small_text, tmp_path):
     args = launched_from(tmp_path, small_text)
     run = without_checkpoints(copy_of(stopped, tmp_path / "outputs" / "slurm-4242"), (*STARTED, "metrics.csv"))
-    requeued = train_here(*args, cwd=tmp_path / "here", env={**SLURM, "SLURM_RESTART_COUNT": "1"})
+    requeued = train_here(*args, cwd=tmp_path / "here", env={**SLURM_JOB, "SLURM_RESTART_COUNT": "1"})
     assert requeued.returncode == 0, requeued.stderr[-3000:]
     assert (
         f"this job was restarted by its scheduler: {run} stopped before its first checkpoint, so it starts again"
@@ -901,7 +814,7 @@ def test_a_job_stopped_before_its_first_checkpoint_holding_a_users_file_is_left_
     run = without_checkpoints(copy_of(stopped, tmp_path / "outputs" / "slurm-4242"), STARTED)
     (run / "notes.txt").write_text("mine")
     before = snapshot(run)
-    line = refused(*args, cwd=tmp_path / "here", env={**SLURM, "SLURM_RESTART_COUNT": "1"})
+    line = refused(*args, cwd=tmp_path / "here", env={**SLURM_JOB, "SLURM_RESTART_COUNT": "1"})
     assert line == (
         f"{run} stopped before its first checkpoint, and holds files that are not a run's (notes.txt); move them out "
         "of it, then run this again to start it there anew"

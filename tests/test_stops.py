@@ -19,7 +19,6 @@ import shlex
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -33,6 +32,8 @@ from tests.common import (
     checkpoint_weights,
     compose_config,
     only_run,
+    paste_into_bash,
+    printed_after,
     refused,
     run_script,
     runs_under,
@@ -40,6 +41,7 @@ from tests.common import (
     script_environment,
     start_script,
     stop_at,
+    train_as_printed,
     train_here,
     train_losses,
     validations,
@@ -66,27 +68,6 @@ def args_for(small_text: Path, *extra: str) -> list[str]:
         "checkpoint.keep=20",
         *extra,
     ]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def each_command_as_a_process_of_its_own():
-    """train_here runs train.py in this process, which outlives the command: each command here starts, as a
-    process of its own would, with no failpoint fired yet (tests/faults fires each once a process). The faults
-    are installed once, inert until a command's environment names one (TINYGPT2_FAILPOINT)."""
-    from tests import common
-    from tests.faults import failpoints
-
-    failpoints.install()
-    command = common.train_here
-
-    def as_a_process(*args: str, cwd: Path | None = None, env: dict | None = None):
-        failpoints.FIRED.clear()
-        return command(*args, cwd=cwd, env=env)
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(common, "train_here", as_a_process)
-        patch.setattr(sys.modules[__name__], "train_here", as_a_process)
-        yield
 
 
 @pytest.fixture(scope="module")
@@ -123,19 +104,6 @@ def assert_same_run(run: Path, reference: Path) -> None:
     ours, theirs = ({k: v for k, v in result_json(r)["metrics"].items() if k not in TIMINGS} for r in (run, reference))
     assert "train/loss" in ours and ours == theirs
     assert_bit_equal(run / "checkpoints" / "last.ckpt", reference / "checkpoints" / "last.ckpt")
-
-
-def command_after(marker: str, said: str) -> str:
-    """The one command printed after marker (e.g. "Continue with: ")."""
-    (line,) = [line for line in said.splitlines() if marker in line]
-    return line.split(marker, 1)[1]
-
-
-def as_printed(command: str, cwd: Path):
-    """A train.py command the program printed, run in this process as a shell would split it."""
-    words = shlex.split(command)
-    assert words[:2] == ["python", str(ROOT / "train.py")], command
-    return train_here(*words[2:], cwd=cwd)
 
 
 def loss_curve(checkpoint: Path) -> dict:
@@ -259,7 +227,7 @@ def test_ctrl_c_at_a_step_adds_no_validation_and_the_printed_resume_ends_the_run
         printed = f"python {ROOT / 'train.py'} resume={run}"
         assert f"stopped by SIGINT at step {step}; checkpoint saved. Continue with: {printed}" in said
         assert result_json(run)["finished"] is False
-        resumed = as_printed(command_after("Continue with: ", said), tmp_path)
+        resumed = train_as_printed(printed_after("Continue with: ", said), tmp_path)
         assert resumed.returncode == 0, resumed.stderr[-3000:]
     # at the last step the run ends there anyway: it records its end, with nothing to continue
     assert_same_run(run, reference)
@@ -287,7 +255,7 @@ def test_a_run_stopped_while_training_exits_with_the_signals_status_and_continue
         dropped = "SIGTERM: the step under way is dropped after 1 of its 4 micro-batches; the run continues from"
         assert f"{dropped} step {continues_from}" in said, said[-3000:]
     assert result_json(run)["finished"] is False
-    resumed = as_printed(printed, tmp_path)  # as printed, with nothing else given
+    resumed = train_as_printed(printed, tmp_path)  # as printed, with nothing else given
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert_same_run(run, references(*extra))
 
@@ -307,7 +275,7 @@ def test_sigterm_inside_a_step_of_hundreds_of_micro_batches_stops_within_seconds
         "SIGTERM: the step under way is dropped after 1 of its 256 micro-batches; the run continues from step 1" in said
     )
     assert took < 60, f"{took:.1f} s to stop"  # (a step of 256 micro-batches takes about as long as the start)
-    resumed = as_printed(re.search(r"Continue with: (python \S+ resume=\S+)", said)[1], tmp_path)
+    resumed = train_as_printed(re.search(r"Continue with: (python \S+ resume=\S+)", said)[1], tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert_same_run(run, references(*HUNDREDS))
 
@@ -329,19 +297,6 @@ def test_the_limit_holds_for_a_given_accumulation_and_lets_the_largest_sensible_
     assert global_batch(largest, world_size=1) == (3_200_000, 50_000)
 
 
-def paste(command: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
-    """A command pasted into bash as it is, `python` being this interpreter."""
-    python = f'python() {{ {shlex.quote(sys.executable)} "$@"; }}\n'
-    return subprocess.run(
-        ["bash", "-c", python + command],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env or script_environment(None, None),
-    )
-
-
 @pytest.mark.slow
 def test_a_stopped_run_does_not_go_on_to_the_next_command_of_a_script(reference, small_text, tmp_path):
     """`python train.py ... && echo finished`, as a script or a CI job chains its next step, in the quick start's
@@ -350,14 +305,14 @@ def test_a_stopped_run_does_not_go_on_to_the_next_command_of_a_script(reference,
     here = tmp_path / JOSE
     here.mkdir()
     command = shlex.join(["python", str(ROOT / "train.py"), *args_for(small_text)])
-    stopped = paste(f"{command} && echo finished", here, script_environment(None, "sigterm:3"))
+    stopped = paste_into_bash(f"{command} && echo finished", here, script_environment(None, "sigterm:3"))
     assert stopped.returncode == 143, stopped.stderr[-3000:]
     assert "finished" not in stopped.stdout.splitlines() and "Traceback" not in stopped.stderr
     (run,) = runs_under(here / "outputs")
     started = {name: (run / name).read_bytes() for name in ("config.yaml", "tokenizer.json")}
-    printed = command_after("Continue with: ", stopped.stdout + stopped.stderr)
+    printed = printed_after("Continue with: ", stopped.stdout + stopped.stderr)
     assert shlex.split(printed) == ["python", str(ROOT / "train.py"), f"resume={run}"]
-    resumed = paste(f"{printed} && echo finished", tmp_path)  # from another folder
+    resumed = paste_into_bash(f"{printed} && echo finished", tmp_path)  # from another folder
     assert resumed.returncode == 0 and resumed.stdout.splitlines()[-1] == "finished", resumed.stderr[-3000:]
     assert "Traceback" not in resumed.stderr
     assert runs_under(here / "outputs") == [run] and sorted(p.name for p in here.iterdir()) == ["outputs"]
@@ -365,7 +320,7 @@ def test_a_stopped_run_does_not_go_on_to_the_next_command_of_a_script(reference,
     assert {name: (run / name).read_bytes() for name in started} == started  # the run's record, never rewritten
     assert list(result_json(run)["config"]["logger"]) == ["csv"] and not (run / "wandb").exists()  # its own logger
 
-    sample = command_after("sample from it: ", resumed.stdout + resumed.stderr)  # the resumed run's own
+    sample = printed_after("sample from it: ", resumed.stdout + resumed.stderr)  # the resumed run's own
     assert shlex.split(sample)[:4] == ["python", str(ROOT / "generate.py"), "--ckpt", str(run)]
     import generate
 
@@ -380,7 +335,7 @@ def test_ctrl_c_twice_while_a_checkpoint_is_written_leaves_no_part_of_it(referen
     printed = f"python {ROOT / 'train.py'} resume={run}"
     assert stopped.stderr.rstrip().splitlines()[-1] == f"stopped; continue with: {printed}"
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["last.ckpt", "step-000002.ckpt"]  # no .tmp
-    resumed = as_printed(printed, tmp_path)
+    resumed = train_as_printed(printed, tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert_same_run(run, reference)
 
@@ -436,7 +391,7 @@ def test_ctrl_c_at_the_last_step_of_a_job_stops_the_sweep_after_that_job(small_t
     (sweep,) = tmp_path.glob("multirun/*/*")
     with open(sweep / "summary.csv", newline="") as file:
         assert [(row["run"], row["finished"]) for row in csv.DictReader(file)] == [("0", "true")]
-    continued = as_printed(command_after("this job and the rest, with: ", said), tmp_path)
+    continued = train_as_printed(printed_after("this job and the rest, with: ", said), tmp_path)
     assert continued.returncode == 0, continued.stderr[-3000:]
     with open(sweep / "summary.csv", newline="") as file:
         assert [(row["run"], row["finished"]) for row in csv.DictReader(file)] == [("0", "true"), ("1", "true")]
@@ -536,7 +491,7 @@ def test_ctrl_c_as_the_next_job_of_a_sweep_starts_prints_how_to_continue_the_swe
     assert f"continue the sweep, this job and the rest, with: {command}" in said, said[-3000:]
     assert sorted(p.name for p in sweep.iterdir() if p.is_dir()) == ["0"]  # job 1's folder taken back
     monkeypatch.undo()
-    continued = as_printed(command, tmp_path)
+    continued = train_as_printed(command, tmp_path)
     assert continued.returncode == 0, continued.stderr[-3000:]
     with open(sweep / "summary.csv", newline="") as file:
         assert [(row["run"], row["finished"]) for row in csv.DictReader(file)] == [("0", "true"), ("1", "true")]
@@ -589,14 +544,14 @@ def test_too_many_nonfinite_losses_stop_the_run_and_keep_the_last_good_checkpoin
     assert (run / "train.log").read_text().rstrip().splitlines()[-1].endswith(last_line)  # the run's log says so
 
     # the command it prints starts the run again, in a folder of its own, at half the learning rate
-    command = command_after("Start it again with a lower learning rate: ", last_line).removesuffix(
+    command = printed_after("Start it again with a lower learning rate: ", last_line).removesuffix(
         " (or raise optim.max_nonfinite_in_a_row to wait longer)"
     )
     half = compose_config().optim.lr / 2  # of the default learning rate, which the run trained at
     assert command.endswith(f" optim.lr={half}") and "hydra.run.dir" not in command
     fresh = tmp_path / "fresh"
     fresh.mkdir()
-    again = as_printed(command, fresh)
+    again = train_as_printed(command, fresh)
     assert again.returncode == 0, again.stderr[-3000:]
     assert only_run(fresh / "outputs") and result_json(only_run(fresh / "outputs"))["config"]["optim"]["lr"] == half
     # and the run's record says how it ended, as a finished run's does
@@ -618,9 +573,9 @@ def test_a_run_that_diverges_before_its_first_checkpoint_says_there_is_none(smal
     assert last_line.startswith("error: training diverged: ") and "steps in a row" in last_line
     assert "; no checkpoint was written before it. Start it again with a lower learning rate: " in last_line
     assert not (tmp_path / "runs").exists()  # taken back, with the folder made for it
-    command = command_after("Start it again with a lower learning rate: ", last_line).split(" (or raise ")[0]
+    command = printed_after("Start it again with a lower learning rate: ", last_line).split(" (or raise ")[0]
     assert f"hydra.run.dir={run}" in shlex.split(command)
-    again = as_printed(command, tmp_path)
+    again = train_as_printed(command, tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
     assert result_json(run)["finished"]
 
@@ -657,7 +612,7 @@ def test_full_disk_while_saving_keeps_the_previous_checkpoint(reference, small_t
     )
     assert sorted(p.name for p in checkpoints.iterdir()) == ["last.ckpt", "step-000002.ckpt"]
     assert os.readlink(checkpoints / "last.ckpt") == "step-000002.ckpt"
-    resumed = as_printed(last_line.split("`")[1], tmp_path)  # space is back: the command it printed, as printed
+    resumed = train_as_printed(last_line.split("`")[1], tmp_path)  # space is back: the command it printed, as printed
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert_same_run(run, reference)
 
@@ -686,9 +641,9 @@ def test_a_file_of_the_run_that_cannot_be_written_while_training_ends_in_one_lin
     assert proc.returncode == 1 and "Traceback" not in err, err[-3000:]
     line = err.strip().splitlines()[-1]  # (after Lightning's lines of the run's start)
     assert line.startswith("error: a file reached the size limit: writing ") and " failed while training; " in line
-    command = command_after("Raise the file-size limit (ulimit -f), then start it again: ", line)
+    command = printed_after("Raise the file-size limit (ulimit -f), then start it again: ", line)
     assert command.startswith(f"python {ROOT / 'train.py'} ")  # no checkpoint was written: the run starts again
     assert not runs_under(tmp_path / "outputs")  # (and the folder of the run that had none is taken back)
-    again = as_printed(command, tmp_path)
+    again = train_as_printed(command, tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
     assert result_json(only_run(tmp_path / "outputs"))["finished"]

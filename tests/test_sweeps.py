@@ -2,7 +2,7 @@
 value checked before the first job, the summary that names the best job, a job that fails recorded while the
 sweep goes on, a stopped sweep continued in its folder (-m resume=SWEEP) each job from where it stood, what
 cannot be continued refused in one line, one process per sweep folder, a search on the project's own sweeper
-whose study a storage keeps, and a SLURM job's sweep continued when the job is requeued.
+whose study a storage keeps, and a SLURM_JOB job's sweep continued when the job is requeued.
 
 Every command runs in this process (train_here): Hydra's launcher runs the jobs one after another in it, as in
 a process of train.py. A signal that stops a sweep is sent by tests/faults as a job's step begins."""
@@ -12,11 +12,9 @@ from __future__ import annotations
 import csv
 import fcntl
 import json
-import multiprocessing
 import os
 import shlex
 import shutil
-import sys
 import threading
 import time
 from pathlib import Path
@@ -25,29 +23,21 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
-from shell.folders import RunFolder
 from shell.sweeps import SEARCH_OF_TRIAL, how_to_continue
 from tests.common import (
     ROOT,
+    SLURM_JOB,
     TINY_OVERRIDES,
     assert_bit_equal,
+    printed_after,
     refused,
     snapshot,
+    train_as_printed,
     train_here,
 )
 
 JOSE = "josé, a=b"  # the quick start in /home/josé, a=b/...: an accent, a comma and =
 ODD = "it's [1] {x} (y) $HOME ü日, a=b \\ end "  # a quote, brackets, $, a backslash, a space at its end
-SLURM = {  # a one-task SLURM job
-    "SLURM_JOB_ID": "4242",
-    "SLURM_JOB_NAME": "tinygpt2",
-    "SLURM_NTASKS": "1",
-    "SLURM_NTASKS_PER_NODE": "1",
-    "SLURM_NODELIST": "localhost",
-    "SLURM_PROCID": "0",
-    "SLURM_LOCALID": "0",
-    "SLURM_NODEID": "0",
-}
 SEARCH = ["-m", "hparams_search=optuna", "hydra.sweeper.storage=sqlite:///search.db"]
 
 
@@ -59,27 +49,6 @@ def sweep_args(small_text: Path, *extra: str) -> list[str]:
 def search_args(small_text: Path, *extra: str) -> list[str]:
     """A search's trial: the tiny run, its steps the limit, not the search's time budget."""
     return [*TINY_OVERRIDES, f"data.path={small_text}", "trainer.max_time=null", "optim.warmup_steps=0", *extra]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def each_command_as_a_process_of_its_own():
-    """train_here runs train.py in this process, which outlives the command: each command here starts, as a
-    process of its own would, with no failpoint fired yet (tests/faults fires each once a process). The faults
-    are installed once, inert until a command's environment names one (TINYGPT2_FAILPOINT)."""
-    from tests import common
-    from tests.faults import failpoints
-
-    failpoints.install()
-    command = common.train_here
-
-    def as_a_process(*args: str, cwd: Path | None = None, env: dict | None = None):
-        failpoints.FIRED.clear()
-        return command(*args, cwd=cwd, env=env)
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(common, "train_here", as_a_process)
-        patch.setattr(sys.modules[__name__], "train_here", as_a_process)
-        yield
 
 
 @pytest.fixture(scope="module")
@@ -104,19 +73,6 @@ def finished_sweep(tmp_path_factory, small_text) -> tuple[Path, str]:
 def rows_of(sweep: Path, *columns: str) -> list[tuple[str, ...]]:
     with open(sweep / "summary.csv", newline="") as file:
         return [tuple(row[c] for c in columns) for row in csv.DictReader(file)]
-
-
-def sweep_command_after(marker: str, said: str) -> str:
-    """The one command printed after marker (e.g. "the rest, with: ")."""
-    (line,) = [line for line in said.splitlines() if marker in line]
-    return line.split(marker, 1)[1]
-
-
-def run_printed_here(command: str, cwd: Path):
-    """A train.py command the program printed, run in this process as a shell would split it."""
-    words = shlex.split(command)
-    assert words[:2] == ["python", str(ROOT / "train.py")], command
-    return train_here(*words[2:], cwd=cwd)
 
 
 def kept_as_it_was(job: Path) -> dict:
@@ -194,12 +150,12 @@ def test_a_sweep_stopped_by_ctrl_c_and_its_job_continued_as_printed(small_text, 
     (sweep,) = tmp_path.glob("multirun/*/*")
     assert not (sweep / "1").exists()  # the sweep stopped with the job under way
     assert rows_of(sweep, "run", "optim.lr", "finished", "best") == [("0", "0.001", "false", "")]
-    job = sweep_command_after("Continue with: ", said)
+    job = printed_after("Continue with: ", said)
     assert job == f"python {ROOT / 'train.py'} resume={sweep / '0'}"
-    rest = sweep_command_after("the rest, with: ", said)
+    rest = printed_after("the rest, with: ", said)
     assert rest == f"python {ROOT / 'train.py'} -m resume={sweep}"
 
-    resumed = run_printed_here(job + " trainer.max_steps=8", tmp_path)  # the job alone, given more steps
+    resumed = train_as_printed(job + " trainer.max_steps=8", tmp_path)  # the job alone, given more steps
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert rows_of(sweep, "run", "optim.lr", "finished", "best", "resumed with") == [
         ("0", "0.001", "true", "*", "trainer.max_steps=8")  # brought up to date by the continued job
@@ -209,7 +165,7 @@ def test_a_sweep_stopped_by_ctrl_c_and_its_job_continued_as_printed(small_text, 
     assert any(o.startswith("resume=") for o in result["resumed_with"])
 
     kept = kept_as_it_was(sweep / "0")
-    continued = run_printed_here(rest, tmp_path)
+    continued = train_as_printed(rest, tmp_path)
     said = continued.stdout + continued.stderr
     assert continued.returncode == 0, said[-3000:]
     assert "job 0 finished before (" in said and "; kept as it is" in said
@@ -334,45 +290,15 @@ def test_a_sweep_into_such_a_folder_continues_as_printed(small_text, tmp_path):
     assert stopped.returncode == 130, stopped.stderr[-3000:]
     sweep = here / ODD
     assert sorted(p.name for p in sweep.iterdir() if p.is_dir()) == ["0"]
-    command = sweep_command_after("this job and the rest, with: ", stopped.stdout + stopped.stderr)
+    command = printed_after("this job and the rest, with: ", stopped.stdout + stopped.stderr)
     assert shlex.split(command)[-2:] == ["-m", f"resume={sweep}"]
-    continued = run_printed_here(command, tmp_path)  # from another folder: it runs where the sweep was started
+    continued = train_as_printed(command, tmp_path)  # from another folder: it runs where the sweep was started
     assert continued.returncode == 0, continued.stderr[-3000:]
     assert rows_of(sweep, "run", "optim.lr", "finished") == [("0", "0.001", "true"), ("1", "0.002", "true")]
     assert sorted(p.name for p in here.iterdir()) == [ODD]
 
 
 # ---- one process per sweep folder ---------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def held_elsewhere():
-    """(hold, let_go): hold(folder) has another process hold the folder's lock, as the train.py running it holds
-    it (a child of this one, which takes RunFolder(folder).lock() and waits), and returns its pid; let_go() ends
-    it. Every holder ends with the test."""
-    context = multiprocessing.get_context("fork")
-    holders = []
-
-    def keep(folder: Path, ready, done) -> None:
-        RunFolder(folder).lock()
-        ready.set()
-        done.wait(600)
-
-    def hold(folder: Path) -> int:
-        ready, done = context.Event(), context.Event()
-        holder = context.Process(target=keep, args=(folder, ready, done), daemon=True)
-        holder.start()
-        holders.append((holder, done))
-        assert ready.wait(60), "the lock was not taken"
-        return holder.pid
-
-    def let_go() -> None:
-        for holder, done in holders:
-            done.set()
-            holder.join(60)
-
-    yield hold, let_go
-    let_go()
 
 
 @pytest.mark.slow
@@ -609,23 +535,23 @@ def test_two_searches_started_together_on_a_new_storage_take_turns_opening_it(tm
     optuna.create_study(study_name="tinygpt2", storage=sweeper.storage)  # the storage is whole
 
 
-# ---- a SLURM job's sweep, requeued -------------------------------------------------------------------------------
+# ---- a SLURM_JOB job's sweep, requeued -------------------------------------------------------------------------------
 
 
 @pytest.mark.slow
 def test_a_requeued_slurm_sweep_continues_in_its_folder(small_text, job_reference, tmp_path):
-    """A SLURM job running a sweep, stopped and requeued, runs its command again: the sweep continues as -m
+    """A SLURM_JOB job running a sweep, stopped and requeued, runs its command again: the sweep continues as -m
     resume=SWEEP would continue it, where a new launch of the same job id is refused."""
     args = ["-m", *sweep_args(small_text), "trainer.max_steps=6,10,14"]
-    stopped = train_here(*args, env={**SLURM, "TINYGPT2_FAILPOINT": "sigint:7"})
+    stopped = train_here(*args, env={**SLURM_JOB, "TINYGPT2_FAILPOINT": "sigint:7"})
     assert stopped.returncode == 130, stopped.stderr[-3000:]
     sweep = tmp_path / "multirun" / "slurm-4242"
     assert sorted(p.name for p in sweep.iterdir() if p.is_dir()) == ["0", "1"]
     kept = kept_as_it_was(sweep / "0")
 
-    assert "already holds a sweep" in refused(*args, env=SLURM)  # not a requeue
+    assert "already holds a sweep" in refused(*args, env=SLURM_JOB)  # not a requeue
 
-    requeue = {**SLURM, "SLURM_RESTART_COUNT": "1"}
+    requeue = {**SLURM_JOB, "SLURM_RESTART_COUNT": "1"}
     requeued = train_here(*args, env=requeue)
     assert requeued.returncode == 0, requeued.stderr[-3000:]
     assert f"this job was restarted by its scheduler: continuing the sweep {sweep}" in requeued.stderr
@@ -645,11 +571,11 @@ def test_a_requeued_slurm_sweep_continues_in_its_folder(small_text, job_referenc
 
 @pytest.mark.slow
 def test_a_requeued_slurm_search_ends_if_it_had_ended_and_is_refused_in_one_line_if_not(small_text, tmp_path):
-    """A SLURM job running an Optuna search, requeued: the search is not continued in its folder (its storage
+    """A SLURM_JOB job running an Optuna search, requeued: the search is not continued in its folder (its storage
     continues it), so a search stopped part way is refused in one line, and one that had ended when the job
     was requeued exits 0, as a finished sweep does."""
     args = ["-m", "hparams_search=optuna", "hydra.sweeper.n_trials=1", *search_args(small_text)]
-    stopped_job = {**SLURM, "SLURM_JOB_ID": "4343"}
+    stopped_job = {**SLURM_JOB, "SLURM_JOB_ID": "4343"}
     stopped = train_here(*args, env={**stopped_job, "TINYGPT2_FAILPOINT": "sigint:3"})
     assert stopped.returncode == 130, stopped.stderr[-3000:]
     assert (tmp_path / "multirun" / "slurm-4343" / "multirun.yaml").is_file()
@@ -658,11 +584,11 @@ def test_a_requeued_slurm_search_ends_if_it_had_ended_and_is_refused_in_one_line
         "is a search, which is not continued in its folder"  # (the folder as the job names it, from where it runs)
     )
 
-    ended = train_here(*args, env=SLURM)
+    ended = train_here(*args, env=SLURM_JOB)
     assert ended.returncode == 0, ended.stderr[-3000:]
     sweep = tmp_path / "multirun" / "slurm-4242"
     before = snapshot(sweep, itself=False)
-    requeued = train_here(*args, env={**SLURM, "SLURM_RESTART_COUNT": "1"})
+    requeued = train_here(*args, env={**SLURM_JOB, "SLURM_RESTART_COUNT": "1"})
     assert requeued.returncode == 0, requeued.stderr[-3000:]
     assert requeued.stdout == (
         f"this job was restarted by its scheduler, and its search had ended: {sweep / 'optimization_results.yaml'}\n"
