@@ -386,6 +386,14 @@ def folder_of(path: str | os.PathLike) -> RunFolder:
     raise RunFolderError(f"resume={path} does not exist; give a run folder, a checkpoint in one, or resume=auto")
 
 
+def check_readable_by_hydra(path: str | os.PathLike, keys: str) -> None:
+    """A folder Hydra is given must not hold ${ in its path: Hydra reads it again as a reference to a setting.
+    `keys`: the settings that name another, for the refusal to say."""
+    if "${" in str(where := Path(path).absolute()):
+        raise RunFolderError(f"{where} has ${{ in its path, which Hydra reads as a reference to a setting; rename that "
+                             f"folder, or run in another ({keys}, or from another folder)")  # fmt: skip
+
+
 def new_folder(root: str | os.PathLike) -> tuple[RunFolder, Path]:
     """A new run folder under root named by the time (YYYY-MM-DD/HH-MM-SS, then -2, -3, ... where another run
     took the name first: each is taken by an atomic mkdir), and the outermost folder made for it."""

@@ -27,6 +27,7 @@ from shell.checks import SettingError, check_writable, plain
 from shell.errors import USER_ERRORS, ProcessLost, RunFolderError, RunWriteError, TrainingDiverged
 from shell.folders import (
     RunFolder,
+    check_readable_by_hydra,
     folder_of,
     launcher_name,
     launcher_restarted,
@@ -96,10 +97,7 @@ def choose_folder(config: DictConfig) -> tuple[RunFolder, Path | None, bool]:
     for key, place in (("runs_root", root), *((("hydra.run.dir", str(config.hydra.run.dir)),) if explicit else ())):
         if not place.strip():
             raise RunFolderError(f"{key} is empty; give a folder, e.g. {key}=outputs")
-        if "${" in str(Path(place).absolute()):
-            raise RunFolderError(f"{Path(place).absolute()} has ${{ in its path, which Hydra reads as a reference to a "
-                                 "setting; rename that folder, or run in another (runs_root=DIR, hydra.run.dir=DIR, or "
-                                 "from another folder)")  # fmt: skip
+        check_readable_by_hydra(place, "runs_root=DIR, hydra.run.dir=DIR")
         check_writable(key, place)
     folder = RunFolder(config.hydra.run.dir) if explicit else RunFolder(Path(root) / name) if name else None
     if folder is None and resume == "auto":
@@ -115,17 +113,21 @@ def choose_folder(config: DictConfig) -> tuple[RunFolder, Path | None, bool]:
         if restarted and first:
             print(f"this job was restarted by its scheduler: continuing {folder.path}", file=sys.stderr)
         return folder, None, True
-    made = next((p for p in [*reversed(folder.path.parents), folder.path] if not p.exists()), None)
     if first:
-        chosen_by = "hydra.run.dir" if explicit else f"run folder of this job ({folder.path.name})"
-        was_started = folder.started()
-        folder.check_new(chosen_by, restarted=restarted)
-        if restarted and was_started:
-            print(f"this job was restarted by its scheduler: {folder.path} stopped before its first checkpoint, so it "
-                  "starts again", file=sys.stderr)  # fmt: skip
-        if resume == "auto":
-            print(f"resume=auto: {folder.path} holds no checkpoint to continue from; starting a new run there")
-    return folder, made, False
+        check_named_folder(folder, explicit, restarted, resume == "auto")
+    return folder, next((p for p in [*reversed(folder.path.parents), folder.path] if not p.exists()), None), False
+
+
+def check_named_folder(folder: RunFolder, explicit: bool, restarted: bool, auto: bool) -> None:
+    """A new run's folder that hydra.run.dir or a launcher named: new, empty, or a start a restart clears."""
+    chosen_by = "hydra.run.dir" if explicit else f"run folder of this job ({folder.path.name})"
+    was_started = folder.started()
+    folder.check_new(chosen_by, restarted=restarted)
+    if restarted and was_started:
+        print(f"this job was restarted by its scheduler: {folder.path} stopped before its first checkpoint, so it "
+              "starts again", file=sys.stderr)  # fmt: skip
+    if auto:
+        print(f"resume=auto: {folder.path} holds no checkpoint to continue from; starting a new run there")
 
 
 def newest_matching_run(config: DictConfig, first: bool) -> RunFolder | None:

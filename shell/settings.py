@@ -354,15 +354,24 @@ def settle_resumed(checkpoint: Path, requested: dict[str, Any], named: list[str]
             "least; continue it on fewer devices"
         ) from None
     values["trainer"]["accumulate_grad_batches"] = accumulation
+    tokens = prepare_as_before(values, header, prepared, checkpoint)
+    model = GPTConfig.from_dict(values["model"])
+    check_sizes(tokens, model.block_size, values["data"])
+    check_sample_prompts(values, tokens.tokenizer_json)
+    return RunSettings(values, model, tokens, world_size, accumulation, checkpoint, header["step"], chosen)
+
+
+def prepare_as_before(values: dict[str, Any], header: dict, prepared: dict, checkpoint: Path) -> TokenCache:
+    """A resumed run's tokens: of the same data as when it started (refused otherwise), with its own tokenizer."""
     tokenizer = Tokenizer.from_str(header["tokenizer"]) if header.get("tokenizer") else None
     if prepared:
         data, their = OmegaConf.create(values["data"]), OmegaConf.create(values["tokenizer"])
         source, key = corpus_key(data, their, tokenizer if values.get("init_from") else None)
         if key != prepared["cache_key"]:
             raise SettingError(
-                f"the data of the run being resumed ({run.path}) has changed since it started ({prepared.get('source')} "
-                f"then, {source.label} now: other files, sizes or times); continue it only with the same data, or "
-                f"start a new run from its weights with init_from={checkpoint}"
+                f"the data of the run being resumed ({checkpoint.parent.parent}) has changed since it started "
+                f"({prepared.get('source')} then, {source.label} now: other files, sizes or times); continue it only "
+                f"with the same data, or start a new run from its weights with init_from={checkpoint}"
             )
     tokens = prepare(values, given=tokenizer if values.get("init_from") else None)
     if tokenizer is not None and tokens.tokenizer_json != tokenizer.to_str():
@@ -372,10 +381,7 @@ def settle_resumed(checkpoint: Path, requested: dict[str, Any], named: list[str]
         warn(f"the BPE-dropout encodings of the training split in the token cache ({tokens.folder}) were made again "
              "since this run started (its entry was deleted, or this is another cache); the run goes on with these, "
              "which no seed makes equal to the first, so it does not continue bit for bit")  # fmt: skip
-    model = GPTConfig.from_dict(values["model"])
-    check_sizes(tokens, model.block_size, values["data"])
-    check_sample_prompts(values, tokens.tokenizer_json)
-    return RunSettings(values, model, tokens, world_size, accumulation, checkpoint, header["step"], chosen)
+    return tokens
 
 
 def read_run_header(checkpoint: Path) -> dict[str, Any]:

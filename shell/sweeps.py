@@ -30,6 +30,7 @@ from shell.errors import USER_ERRORS, RunFolderError
 from shell.folders import (
     SWEEP_RECORD,
     RunFolder,
+    check_readable_by_hydra,
     folder_of,
     launcher_name,
     launcher_restarted,
@@ -113,9 +114,7 @@ def sweep_folder(config: DictConfig, shared: str | None) -> tuple[RunFolder, Pat
     the one a torchrun or SLURM launch names for itself, or a new one under multirun/ named by the time."""
     named = any(o.lstrip("+").startswith("hydra.sweep.dir=") for o in config.hydra.overrides.hydra)
     folder = RunFolder(config.hydra.sweep.dir if named else Path("multirun") / (shared or ""))
-    if "${" in str(folder.path):
-        raise RunFolderError(f"{folder.path} has ${{ in its path, which Hydra reads as a reference to a setting; rename "
-                             "that folder, or run in another (hydra.sweep.dir=DIR, or from another folder)")  # fmt: skip
+    check_readable_by_hydra(folder.path, "hydra.sweep.dir=DIR")
     if not named and not shared:
         return new_folder("multirun")
     if process_rank() != 0:  # the first process of the launch checks and makes it
