@@ -561,7 +561,6 @@ def probe_trainer(trainer_args: dict[str, Any], strategy: Any, precision: str) -
     import logging
 
     import lightning as L
-    from lightning.fabric.plugins.environments import LightningEnvironment
 
     if any(word in str(strategy) for word in ("spawn", "fork", "notebook")):
         raise SettingError(
@@ -584,6 +583,14 @@ def probe_trainer(trainer_args: dict[str, Any], strategy: Any, precision: str) -
         raise SettingError(f"trainer settings: {(str(err).strip().splitlines() or [type(err).__name__])[0]}") from None
     finally:
         quiet.setLevel(level)
+    check_launch(trainer)
+    return trainer.world_size
+
+
+def check_launch(trainer: Any) -> None:
+    """Machines and processes a launcher started for the run, as many as its settings count."""
+    from lightning.fabric.plugins.environments import LightningEnvironment
+
     environment = getattr(trainer.strategy, "cluster_environment", None)
     told = {"NODE_RANK", "GROUP_RANK"} & os.environ.keys()
     if trainer.num_nodes > 1 and isinstance(environment, LightningEnvironment) and not told:
@@ -605,7 +612,6 @@ def probe_trainer(trainer_args: dict[str, Any], strategy: Any, precision: str) -
                 f"{launcher} started {started}; give trainer.devices as the processes it starts on each machine"
                 + (f" (trainer.devices={started // nodes})" if started % nodes == 0 else "")
             ) from None
-    return trainer.world_size
 
 
 # the values wandb itself reads from WANDB_MODE, and the mode each means (dryrun and run are old names)

@@ -138,21 +138,7 @@ def check_sweep(config: DictConfig) -> None:
     value of the others before the first job starts, with the files of the data; one line a problem."""
     sweeper = OmegaConf.to_container(config.hydra.sweeper, resolve=True)
     searching = "optuna" in str(sweeper.get("_target_", "")).lower()
-    space = dict(sweeper.get("params") or {}) if searching else {}
-    for override in OmegaConf.to_container(config.hydra.overrides, resolve=False)["hydra"]:  # as typed: ${...}
-        key = (parsed := hydra_reading(override)).key_or_group
-        if key == "hydra.sweep.subdir" and "${" not in override:  # (${hydra.job.num}, ${optim.lr}: a folder a job)
-            raise SettingError(f"{override} would put every job of the sweep in one folder; leave it out (each job's "
-                               "folder is its number), or make it hold ${hydra.job.num} or a swept setting")  # fmt: skip
-        if parsed.is_sweep_override():
-            instead = (
-                f"; give the search range as {key.removeprefix('hydra.sweeper.params.')}={override.split('=', 1)[1]}"
-            )
-            raise SettingError(
-                f"{override}: Hydra's own settings cannot be swept" + (instead if "params." in key else "")
-            )
-        if key.startswith("hydra.sweeper.params."):
-            space[key.removeprefix("hydra.sweeper.params.")] = override.split("=", 1)[1]
+    space = search_space(config, sweeper, searching)
     given = [hydra_reading(o) for o in config.hydra.overrides.task]
     space = {k: v for k, v in space.items() if k not in {o.key_or_group for o in given}}
     choices = OmegaConf.to_container(config.hydra.runtime.choices)
@@ -182,6 +168,27 @@ def check_sweep(config: DictConfig) -> None:
         raise SettingError.several(problems)
     if searching:
         check_search(sweeper)
+
+
+def search_space(config: DictConfig, sweeper: dict[str, Any], searching: bool) -> dict[str, str]:
+    """What a search searches (its params, and hydra.sweeper.params.KEY=... given), once Hydra's own settings on
+    the command line are seen to sweep nothing and the sweep's subfolders to be one a job."""
+    space = dict(sweeper.get("params") or {}) if searching else {}
+    for override in OmegaConf.to_container(config.hydra.overrides, resolve=False)["hydra"]:  # as typed: ${...}
+        key = (parsed := hydra_reading(override)).key_or_group
+        if key == "hydra.sweep.subdir" and "${" not in override:  # (${hydra.job.num}, ${optim.lr}: a folder a job)
+            raise SettingError(f"{override} would put every job of the sweep in one folder; leave it out (each job's "
+                               "folder is its number), or make it hold ${hydra.job.num} or a swept setting")  # fmt: skip
+        if parsed.is_sweep_override():
+            instead = (
+                f"; give the search range as {key.removeprefix('hydra.sweeper.params.')}={override.split('=', 1)[1]}"
+            )
+            raise SettingError(
+                f"{override}: Hydra's own settings cannot be swept" + (instead if "params." in key else "")
+            )
+        if key.startswith("hydra.sweeper.params."):
+            space[key.removeprefix("hydra.sweeper.params.")] = override.split("=", 1)[1]
+    return space
 
 
 def with_value(values: dict, choices: dict, key: str, value: Any) -> tuple[dict, dict]:
@@ -310,15 +317,7 @@ def continue_sweep(config: DictConfig, given: str, requeued: bool) -> RunFolder:
             raise SettingError(f"{what} {where}; with -m, resume= continues a sweep: give its folder (multirun/DATE/TIME, "
                                "the one holding multirun.yaml and the jobs' numbered folders)") from None  # fmt: skip
         raise SettingError(f"{what} is a run, not a sweep: continue it without -m ({run.continue_command()})") from None
-    try:
-        started = OmegaConf.to_container(OmegaConf.load(folder.path / SWEEP_RECORD).hydra, resolve=False)
-        task, hydra_given, cwd = started["overrides"]["task"], started["overrides"]["hydra"], started["runtime"]["cwd"]
-        if not all(isinstance(o, str) for o in [*task, *hydra_given, cwd]):
-            raise ValueError("its overrides are not lists of key=value")
-    except Exception as err:
-        raise SettingError(f"{what}: {folder.path / SWEEP_RECORD} cannot be read as a sweep's record "
-                           f"({(str(err).strip().splitlines() or [type(err).__name__])[0]}); continue its stopped jobs "
-                           f"alone with {alone}") from None  # fmt: skip
+    task, hydra_given, cwd = sweep_record(folder, what, alone)
     if is_search(folder.path):
         if requeued and (folder.path / SEARCH_RESULT).is_file():  # stopped as it ended
             print(f"this job was restarted by its scheduler, and its search had ended: {folder.path / SEARCH_RESULT}")
@@ -339,6 +338,20 @@ def continue_sweep(config: DictConfig, given: str, requeued: bool) -> RunFolder:
         config.hydra.overrides.task = [*(o for o in task if not o.lstrip("+").startswith("resume=")), "resume=auto"]
         config.hydra.overrides.hydra = [*kept, "hydra.mode=MULTIRUN"]
     return folder
+
+
+def sweep_record(folder: RunFolder, what: str, alone: str) -> tuple[list[str], list[str], str]:
+    """A sweep's command line as Hydra recorded it: its settings, Hydra's own, and the folder it started in."""
+    try:
+        started = OmegaConf.to_container(OmegaConf.load(folder.path / SWEEP_RECORD).hydra, resolve=False)
+        task, hydra_given, cwd = started["overrides"]["task"], started["overrides"]["hydra"], started["runtime"]["cwd"]
+        if not all(isinstance(o, str) for o in [*task, *hydra_given, cwd]):
+            raise ValueError("its overrides are not lists of key=value")
+    except Exception as err:
+        raise SettingError(f"{what}: {folder.path / SWEEP_RECORD} cannot be read as a sweep's record "
+                           f"({(str(err).strip().splitlines() or [type(err).__name__])[0]}); continue its stopped jobs "
+                           f"alone with {alone}") from None  # fmt: skip
+    return task, hydra_given, cwd
 
 
 # ---- the summary -------------------------------------------------------------------------------------------
